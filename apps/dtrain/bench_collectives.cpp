@@ -1,0 +1,188 @@
+#include "bench_collectives.h"
+
+#include "dtrain/comm.h"
+
+#include <mpi.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <optional>
+#include <vector>
+
+namespace dtrain::cli {
+namespace {
+
+enum class Op { AllReduce, AllGather, ReduceScatter };
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::AllReduce: return "all_reduce";
+    case Op::AllGather: return "all_gather";
+    case Op::ReduceScatter: return "reduce_scatter";
+  }
+  return "?";
+}
+
+const char* mpi_call(Op op, bool even) {
+  switch (op) {
+    case Op::AllReduce: return "MPI_Allreduce";
+    case Op::AllGather: return even ? "MPI_Allgather" : "MPI_Allgatherv";
+    case Op::ReduceScatter: return even ? "MPI_Reduce_scatter_block" : "MPI_Reduce_scatter";
+  }
+  return "?";
+}
+
+const char* c10d_call(Op op) {
+  switch (op) {
+    case Op::AllReduce: return "gloo allreduce";
+    case Op::AllGather: return "gloo all_gather_single";
+    case Op::ReduceScatter: return "gloo reduce_scatter_single";
+  }
+  return "?";
+}
+
+// nccl-tests' bus bandwidth: the per-link traffic of an optimal ring, so
+// numbers compare across world sizes. `bytes` is the full buffer size.
+double bus_bandwidth_gbps(Op op, int64_t bytes, double seconds, int world) {
+  const double algbw = static_cast<double>(bytes) / seconds / 1e9;
+  if (world == 1) return algbw;
+  const double n = world;
+  return op == Op::AllReduce ? algbw * 2.0 * (n - 1) / n : algbw * (n - 1) / n;
+}
+
+// Mean seconds per call over `iterations`, the slowest rank's.
+double time_calls(Communicator& world, int iterations, const std::function<void()>& call) {
+  call();  // warm-up: first-touch of buffers, connection setup
+  world.barrier()->wait();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iterations; ++i) call();
+  const double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
+  auto slowest = torch::tensor({mine}, torch::kFloat64);
+  world.all_reduce(slowest, ReduceOp::Max)->wait();
+  return slowest.item<double>();
+}
+
+std::string human_bytes(int64_t bytes) {
+  char text[32];
+  if (bytes >= (int64_t{1} << 20)) std::snprintf(text, sizeof(text), "%lld MiB", static_cast<long long>(bytes >> 20));
+  else std::snprintf(text, sizeof(text), "%lld KiB", static_cast<long long>(bytes >> 10));
+  return text;
+}
+
+struct Row {
+  Op op;
+  int64_t bytes;
+  std::string algorithm;
+  double dtrain_busbw;
+  std::optional<double> raw_busbw;
+};
+
+}  // namespace
+
+int bench_collectives_rank(const BenchCollectivesOptions& options) {
+  auto world = init(InitOptions{options.backend});
+  const int n = world->size();
+  const int rank = world->rank();
+  const bool raw_mpi = world->backend_name() == "mpi";
+  std::vector<Row> rows;
+
+  for (Op op : {Op::AllReduce, Op::AllGather, Op::ReduceScatter}) {
+    for (int64_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 4) {
+      // Full buffer of fp32, a multiple of the world size so shards are equal.
+      const int64_t elements = std::max<int64_t>(n, bytes / 4 / n * n);
+      const int64_t actual_bytes = elements * 4;
+      const int64_t shard_elements = elements / n;
+      auto full = torch::ones({elements}, torch::kFloat32);
+      auto shard = torch::ones({shard_elements}, torch::kFloat32);
+      // Enough repetitions to see ~0.5 GB move per measurement, within [3, 200].
+      const int iterations = static_cast<int>(std::clamp<int64_t>((int64_t{512} << 20) / actual_bytes, 3, 200));
+
+      std::function<void()> through_dtrain, through_raw;
+      switch (op) {
+        case Op::AllReduce: through_dtrain = [&] { world->all_reduce(full)->wait(); }; break;
+        case Op::AllGather: through_dtrain = [&] { world->all_gather(shard, full)->wait(); }; break;
+        case Op::ReduceScatter: through_dtrain = [&] { world->reduce_scatter(full, shard)->wait(); }; break;
+      }
+      if (raw_mpi) {
+        const int full_count = static_cast<int>(elements);
+        const int shard_count = static_cast<int>(shard_elements);
+        switch (op) {
+          case Op::AllReduce:
+            through_raw = [&, full_count] {
+              MPI_Allreduce(MPI_IN_PLACE, full.data_ptr(), full_count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            };
+            break;
+          case Op::AllGather:
+            through_raw = [&, shard_count] {
+              MPI_Allgather(shard.data_ptr(), shard_count, MPI_FLOAT, full.data_ptr(), shard_count, MPI_FLOAT,
+                            MPI_COMM_WORLD);
+            };
+            break;
+          case Op::ReduceScatter:
+            through_raw = [&, shard_count] {
+              MPI_Reduce_scatter_block(full.data_ptr(), shard.data_ptr(), shard_count, MPI_FLOAT, MPI_SUM,
+                                       MPI_COMM_WORLD);
+            };
+            break;
+        }
+      }
+      // Alternate the two so machine noise hits both alike.
+      const double dtrain_seconds = time_calls(*world, iterations, through_dtrain);
+      std::optional<double> raw_seconds;
+      if (through_raw) raw_seconds = time_calls(*world, iterations, through_raw);
+      Row row{op, actual_bytes, raw_mpi ? mpi_call(op, true) : c10d_call(op),
+              bus_bandwidth_gbps(op, actual_bytes, dtrain_seconds, n), std::nullopt};
+      if (raw_seconds) row.raw_busbw = bus_bandwidth_gbps(op, actual_bytes, *raw_seconds, n);
+      rows.push_back(row);
+      if (rank == 0) {
+        std::printf("%-15s %9s  %-26s dtrain %8.3f GB/s", op_name(op), human_bytes(actual_bytes).c_str(),
+                    row.algorithm.c_str(), row.dtrain_busbw);
+        if (row.raw_busbw) std::printf("   raw %8.3f GB/s   dtrain/raw %5.3f", *row.raw_busbw, row.dtrain_busbw / *row.raw_busbw);
+        std::printf("\n");
+        std::fflush(stdout);
+      }
+    }
+  }
+
+  if (rank == 0) {
+    std::printf("\nbus bandwidth as defined by nccl-tests (GB/s = 1e9 bytes/s), %d ranks, backend %s, fp32\n", n,
+                world->backend_name().c_str());
+    if (!options.json_path.empty()) {
+      nlohmann::json results = nlohmann::json::array();
+      for (const auto& row : rows) {
+        results.push_back({{"op", op_name(row.op)},
+                           {"bytes", row.bytes},
+                           {"backend", world->backend_name()},
+                           {"algorithm", row.algorithm},
+                           {"nproc", n},
+                           {"dtrain_busbw_gbps", row.dtrain_busbw},
+                           {"raw_busbw_gbps", row.raw_busbw ? nlohmann::json(*row.raw_busbw) : nlohmann::json()}});
+      }
+      // Written beside the target and renamed, so a reader never sees half a file.
+      const std::string partial = options.json_path + ".partial";
+      {
+        std::ofstream out(partial);
+        out << nlohmann::json{{"results", results}}.dump(2) << "\n";
+        if (!out) {
+          std::cerr << "dtrain: cannot write " << options.json_path << std::endl;
+          std::remove(partial.c_str());
+          return 1;
+        }
+      }
+      if (std::rename(partial.c_str(), options.json_path.c_str()) != 0) {
+        std::cerr << "dtrain: cannot write " << options.json_path << std::endl;
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace dtrain::cli

@@ -1,0 +1,22 @@
+// `dtrain bench collectives`: bus bandwidth of dtrain's all_reduce, all_gather
+// and reduce_scatter next to the same operation called directly on the
+// backend library, measured side by side in one run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dtrain::cli {
+
+struct BenchCollectivesOptions {
+  int nproc = 2;
+  std::string backend = "mpi";
+  std::string json_path;
+  int64_t min_bytes = 4 << 10;
+  int64_t max_bytes = int64_t{256} << 20;
+};
+
+// Runs inside a launched job: every rank calls it.
+int bench_collectives_rank(const BenchCollectivesOptions& options);
+
+}  // namespace dtrain::cli

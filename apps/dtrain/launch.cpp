@@ -1,0 +1,215 @@
+#include "launch.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace dtrain::cli {
+namespace {
+
+volatile sig_atomic_t g_forward_signal = 0;
+
+void remember_signal(int signal_number) { g_forward_signal = signal_number; }
+
+void install_forwarding_handlers() {
+  struct sigaction action {};
+  action.sa_handler = remember_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+// A port the kernel says is free now; the rank-0 TCPStore binds it moments later.
+int pick_free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("cannot create a socket to pick a rendezvous port");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    close(fd);
+    throw std::runtime_error("cannot pick a free rendezvous port on 127.0.0.1");
+  }
+  const int port = ntohs(address.sin_port);
+  close(fd);
+  return port;
+}
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return std::string("was killed by signal ") + std::to_string(sig) + " (" + strsignal(sig) + ")";
+  }
+  return "exited with code " + std::to_string(WEXITSTATUS(status));
+}
+
+int exit_code_of(int status) { return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status); }
+
+std::vector<char*> to_argv(std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (auto& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  return argv;
+}
+
+// Forks a child that execs `args` with `env` added; the child dies with the launcher.
+pid_t spawn(std::vector<std::string> args, const std::vector<std::pair<std::string, std::string>>& env) {
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+  if (pid > 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(1);  // the launcher died before prctl took effect
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
+  auto argv = to_argv(args);
+  execvp(argv[0], argv.data());
+  std::cerr << "dtrain launch: cannot run '" << args[0] << "': " << std::strerror(errno) << std::endl;
+  _exit(127);
+}
+
+struct Child {
+  int rank;
+  pid_t pid;
+  std::optional<int> status;
+};
+
+// Waits for every child. After the first failure the others get SIGTERM, and
+// SIGKILL once the grace period is over, so a job never outlives a dead rank.
+int supervise(std::vector<Child>& children, int grace_seconds, const std::string& what) {
+  using clock = std::chrono::steady_clock;
+  std::optional<int> first_failure;
+  std::optional<clock::time_point> kill_deadline;
+  auto signal_running = [&](int sig) {
+    for (auto& child : children)
+      if (!child.status) kill(child.pid, sig);
+  };
+  size_t finished = 0;
+  while (finished < children.size()) {
+    if (g_forward_signal != 0) {
+      const int sig = g_forward_signal;
+      g_forward_signal = 0;
+      signal_running(sig);
+      if (!kill_deadline) kill_deadline = clock::now() + std::chrono::seconds(grace_seconds);
+    }
+    if (kill_deadline && clock::now() > *kill_deadline) signal_running(SIGKILL);
+
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid < 0 && errno == EINTR) continue;
+    if (pid <= 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    auto child = std::find_if(children.begin(), children.end(), [pid](const Child& c) { return c.pid == pid; });
+    if (child == children.end()) continue;
+    child->status = status;
+    ++finished;
+    if (exit_code_of(status) == 0 || first_failure) continue;
+    first_failure = exit_code_of(status);
+    std::cerr << "dtrain launch: " << what << (children.size() > 1 ? " " + std::to_string(child->rank) : "")
+              << " (pid " << pid << ") " << describe_status(status);
+    if (finished < children.size())
+      std::cerr << "; stopping the other " << (children.size() - finished) << " (SIGTERM, SIGKILL after "
+                << grace_seconds << " s)";
+    std::cerr << std::endl;
+    signal_running(SIGTERM);
+    kill_deadline = clock::now() + std::chrono::seconds(grace_seconds);
+  }
+  return first_failure.value_or(0);
+}
+
+bool running_as_root() { return geteuid() == 0; }
+
+std::vector<std::pair<std::string, std::string>> thread_env(int threads) {
+  const std::string t = std::to_string(threads);
+  return {{"OMP_NUM_THREADS", t}, {"MKL_NUM_THREADS", t}, {"DTRAIN_THREADS_PER_RANK", t}};
+}
+
+int launch_c10d_local(const LaunchOptions& options, int threads) {
+  const std::string port = std::to_string(pick_free_port());
+  std::vector<Child> children;
+  for (int rank = 0; rank < options.nproc; ++rank) {
+    auto env = thread_env(threads);
+    env.insert(env.end(), {{"RANK", std::to_string(rank)},
+                           {"LOCAL_RANK", std::to_string(rank)},
+                           {"WORLD_SIZE", std::to_string(options.nproc)},
+                           {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
+                           {"MASTER_ADDR", "127.0.0.1"},
+                           {"MASTER_PORT", port}});
+    children.push_back({rank, spawn(options.command, env), std::nullopt});
+  }
+  return supervise(children, options.grace_seconds, "rank");
+}
+
+// mpirun starts and supervises the ranks (and names a rank that died); the
+// launcher adds what mpirun needs on a shared machine and forwards signals.
+int launch_mpi(const LaunchOptions& options, int threads) {
+  std::vector<std::string> args{"mpirun"};
+  // OpenMPI refuses to run as root unless told to.
+  if (running_as_root()) args.push_back("--allow-run-as-root");
+  // Ranks may outnumber cores (tests run 4 ranks on 2 cores); don't pin them
+  // to cores either, since each rank sizes its own thread pool.
+  args.insert(args.end(), {"--oversubscribe", "--bind-to", "none", "-np", std::to_string(options.nproc)});
+  if (!options.hosts.empty()) args.insert(args.end(), {"--host", options.hosts});
+  for (const auto& [name, value] : thread_env(threads)) args.insert(args.end(), {"-x", name + "=" + value});
+  // Forward dtrain's own settings to every rank (mpirun only passes what -x names to remote hosts).
+  for (const char* name : {"DTRAIN_TIMEOUT", "DTRAIN_DEBUG"})
+    if (std::getenv(name)) args.insert(args.end(), {"-x", name});
+  // Containers often forbid the cross-process memory attach (CMA) that the
+  // shared-memory transport uses for large messages; copy-in/copy-out works everywhere.
+  args.insert(args.end(), {"--mca", "btl_vader_single_copy_mechanism", "none"});
+  args.insert(args.end(), options.command.begin(), options.command.end());
+  std::vector<Child> children{{0, spawn(args, {}), std::nullopt}};
+  return supervise(children, options.grace_seconds, "mpirun");
+}
+
+}  // namespace
+
+int default_threads_per_rank(int local_ranks) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, local_ranks));
+}
+
+int launch(const LaunchOptions& options) {
+  if (options.command.empty()) throw std::invalid_argument("no program to launch: dtrain launch -n N -- PROGRAM ARGS");
+  if (options.nproc < 1) throw std::invalid_argument("-n must be at least 1");
+  if (options.backend != "mpi" && options.backend != "c10d")
+    throw std::invalid_argument("--backend must be mpi or c10d, got '" + options.backend + "'");
+  if (!options.hosts.empty() && options.backend != "mpi")
+    throw std::invalid_argument("--hosts needs --backend mpi (for c10d across hosts, start each host with torchrun)");
+  int local_ranks = options.nproc;
+  if (!options.hosts.empty()) {
+    // The largest slot count on any host bounds the ranks sharing one machine.
+    int most = 1;
+    std::stringstream list(options.hosts);
+    for (std::string entry; std::getline(list, entry, ',');) {
+      const auto colon = entry.find(':');
+      if (colon != std::string::npos) most = std::max(most, std::atoi(entry.c_str() + colon + 1));
+    }
+    local_ranks = std::min(local_ranks, most);
+  }
+  const int threads = options.threads_per_rank > 0 ? options.threads_per_rank : default_threads_per_rank(local_ranks);
+  install_forwarding_handlers();
+  return options.backend == "mpi" ? launch_mpi(options, threads) : launch_c10d_local(options, threads);
+}
+
+}  // namespace dtrain::cli

@@ -1,0 +1,120 @@
+// The Communicator: the only way dtrain's engines talk to other ranks.
+//
+// Engines (DDP, FSDP, parameter server) call these operations and never a
+// backend library directly. Every operation is asynchronous: it is queued on
+// the communicator's single background thread, runs in issue order (so every
+// rank sees the same sequence of collectives), and returns a Work handle.
+//
+// Backends: "mpi" (OpenMPI, launched by mpirun) and "c10d" (LibTorch's c10d
+// ProcessGroup: Gloo for CPU tensors, NCCL for CUDA tensors, rendezvous through
+// TCPStore from the torchrun variables RANK / WORLD_SIZE / MASTER_ADDR /
+// MASTER_PORT).
+#pragma once
+
+#include <torch/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace dtrain {
+
+// Thrown from Work::wait() (and from synchronous calls such as split()) when a
+// communication failed: a backend error, a watchdog timeout, a mismatch found
+// by debug mode, or invalid arguments.
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class ReduceOp { Sum, Avg, Max, Min };
+const char* to_string(ReduceOp op);
+
+// Which elements of a flat buffer of `total` elements rank `rank` of `world`
+// owns. Shards are as even as possible: the first total % world ranks hold one
+// element more. all_gather and reduce_scatter use this split whenever the full
+// size is not a multiple of the world size.
+struct ShardRange {
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+ShardRange shard_range(int64_t total, int world, int rank);
+
+// Handle to one queued operation.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the operation finished; rethrows its error (CommError).
+  virtual void wait() = 0;
+  virtual bool is_completed() const = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class Backend;  // internal (src/comm/backend.h)
+
+class Communicator {
+ public:
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+  // "mpi" or "c10d".
+  std::string backend_name() const;
+
+  // In place: every rank ends with the reduction of all ranks' `tensor`.
+  // bf16/fp16 are reduced in fp32 and rounded once at the end, so the result
+  // is the correctly rounded sum, not N-1 roundings. Avg needs a floating
+  // dtype.
+  WorkPtr all_reduce(torch::Tensor tensor, ReduceOp op = ReduceOp::Sum);
+  // Flat all-gather: shard (this rank's piece) -> full (concatenation of every
+  // rank's piece in rank order). shard.numel() must equal
+  // shard_range(full.numel(), size(), rank()).count.
+  WorkPtr all_gather(torch::Tensor shard, torch::Tensor full);
+  // Flat reduce-scatter: full (every rank's contribution) -> shard (this
+  // rank's piece of the reduction, as split by shard_range). Sum or Avg.
+  WorkPtr reduce_scatter(torch::Tensor full, torch::Tensor shard, ReduceOp op = ReduceOp::Sum);
+  // In place: every rank ends with root's `tensor`.
+  WorkPtr broadcast(torch::Tensor tensor, int root);
+  WorkPtr barrier();
+  // Point-to-point. Sends and receives between one pair of ranks match in
+  // issue order (per tag). Note that a recv occupies the communicator's
+  // thread until its message arrives, like any other queued operation.
+  WorkPtr send(torch::Tensor tensor, int dst, int tag = 0);
+  WorkPtr recv(torch::Tensor tensor, int src, int tag = 0);
+
+  // Collective over this communicator: ranks with the same color form a new
+  // communicator, ordered by (key, rank). Blocks until the group exists.
+  // color < 0 means "no group": returns nullptr for that rank.
+  std::shared_ptr<Communicator> split(int color, int key);
+
+  // Operation timeout used by the watchdog (default 300 s, env DTRAIN_TIMEOUT).
+  std::chrono::milliseconds timeout() const;
+
+  // Internal: communicators are made by init() and split().
+  struct Impl;
+  explicit Communicator(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+using CommPtr = std::shared_ptr<Communicator>;
+
+// Options for init(). Unset fields come from the environment.
+struct InitOptions {
+  // "mpi", "c10d" or "" (auto: OpenMPI/PMI variables -> mpi; RANK and
+  // WORLD_SIZE -> c10d; neither -> a single-process mpi world).
+  std::string backend;
+};
+
+// Creates the world communicator. Reads and removes `--backend mpi|c10d`
+// (also `--backend=...`) from argv, so programs can pass their own flags
+// through. Call once per process.
+CommPtr init(int& argc, char** argv);
+CommPtr init(const InitOptions& options = {});
+
+}  // namespace dtrain

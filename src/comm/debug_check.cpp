@@ -1,0 +1,67 @@
+#include "comm/debug_check.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+namespace dtrain {
+
+const char* to_string(OpKind kind) {
+  switch (kind) {
+    case OpKind::AllReduce: return "all_reduce";
+    case OpKind::AllGather: return "all_gather";
+    case OpKind::ReduceScatter: return "reduce_scatter";
+    case OpKind::Broadcast: return "broadcast";
+    case OpKind::Barrier: return "barrier";
+    case OpKind::Split: return "split";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string detail_text(OpKind kind, int64_t detail) {
+  switch (kind) {
+    case OpKind::AllReduce:
+    case OpKind::ReduceScatter: return std::string(", op=") + to_string(static_cast<ReduceOp>(detail));
+    case OpKind::Broadcast: return ", root=" + std::to_string(detail);
+    default: return "";
+  }
+}
+
+constexpr int kFields = 5;
+
+}  // namespace
+
+std::string describe(const OpSignature& s, uint64_t seq) {
+  return std::string(to_string(s.kind)) + " #" + std::to_string(seq) + " (count=" + std::to_string(s.count) +
+         ", dtype=" + c10::toString(s.dtype) + detail_text(s.kind, s.detail) + ")";
+}
+
+void check_same_op_on_all_ranks(Backend& backend, const OpSignature& s, uint64_t seq) {
+  const int world = backend.size();
+  auto mine = torch::tensor({static_cast<int64_t>(s.kind), s.count, static_cast<int64_t>(s.dtype), s.detail,
+                             static_cast<int64_t>(seq)},
+                            torch::kInt64);
+  auto everyone = torch::empty({world * kFields}, torch::kInt64);
+  backend.all_gather(mine, everyone);
+  const auto* all = everyone.data_ptr<int64_t>();
+  const auto* own = mine.data_ptr<int64_t>();
+  for (int peer = 0; peer < world; ++peer) {
+    const int64_t* theirs = all + peer * kFields;
+    if (std::equal(own, own + kFields, theirs)) continue;
+    OpSignature other{static_cast<OpKind>(theirs[0]), theirs[1], static_cast<torch::ScalarType>(theirs[2]),
+                      theirs[3]};
+    throw CommError("DTRAIN_DEBUG: ranks issued different collectives: rank " + std::to_string(backend.rank()) +
+                    " issued " + describe(s, seq) + " but rank " + std::to_string(peer) + " issued " +
+                    describe(other, static_cast<uint64_t>(theirs[4])) +
+                    ". Every rank must issue the same collectives, with the same sizes, in the same order.");
+  }
+}
+
+bool debug_mode_from_environment() {
+  const char* value = std::getenv("DTRAIN_DEBUG");
+  return value != nullptr && *value != '\0' && std::string(value) != "0";
+}
+
+}  // namespace dtrain

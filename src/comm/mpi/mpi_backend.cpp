@@ -1,0 +1,214 @@
+// The MPI backend: each Communicator wraps one MPI communicator, and every
+// operation maps onto MPI's own collective (MPI_Allreduce, MPI_Allgather[v],
+// MPI_Reduce_scatter[_block], MPI_Bcast), so OpenMPI's tuned algorithms do the
+// work. Each communicator has its own thread, hence MPI_THREAD_MULTIPLE.
+#include "comm/backend.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+namespace {
+
+void check_mpi(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw CommError(std::string(call) + " failed: " + std::string(text, static_cast<size_t>(length)));
+}
+
+// Initialises MPI once and finalises it when the last communicator is gone.
+class MpiRuntime {
+ public:
+  MpiRuntime(int& argc, char**& argv) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      check_mpi(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+      owns_ = true;
+      if (provided < MPI_THREAD_MULTIPLE)
+        throw CommError("this MPI library does not provide MPI_THREAD_MULTIPLE, which dtrain needs (one "
+                        "communication thread per communicator); use an OpenMPI built with thread support");
+    }
+  }
+  ~MpiRuntime() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owns_ && !finalized) MPI_Finalize();
+  }
+
+ private:
+  bool owns_ = false;
+};
+
+int checked_count(int64_t count) {
+  if (count > INT_MAX)
+    throw CommError("a message of " + std::to_string(count) + " elements exceeds MPI's int count limit");
+  return static_cast<int>(count);
+}
+
+// Reductions only see fp32/fp64/int32/int64/uint8 (see Note [backend contract]).
+MPI_Datatype reduce_type(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return MPI_FLOAT;
+    case torch::kDouble: return MPI_DOUBLE;
+    case torch::kInt: return MPI_INT32_T;
+    case torch::kLong: return MPI_INT64_T;
+    case torch::kByte: return MPI_UINT8_T;
+    default: throw CommError(std::string("mpi backend cannot reduce dtype ") + c10::toString(t));
+  }
+}
+
+// Moving data only needs the element size.
+MPI_Datatype transport_type(const torch::Tensor& t) {
+  switch (t.element_size()) {
+    case 1: return MPI_UINT8_T;
+    case 2: return MPI_UINT16_T;
+    case 4: return MPI_UINT32_T;
+    case 8: return MPI_UINT64_T;
+    default: throw CommError("mpi backend cannot move elements of " + std::to_string(t.element_size()) + " bytes");
+  }
+}
+
+MPI_Op mpi_op(BackendReduce op) {
+  switch (op) {
+    case BackendReduce::Sum: return MPI_SUM;
+    case BackendReduce::Max: return MPI_MAX;
+    case BackendReduce::Min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+void require_cpu(const torch::Tensor& t) {
+  if (!t.is_cpu())
+    throw CommError("the mpi backend handles CPU tensors only; use the c10d backend (NCCL) for CUDA tensors");
+}
+
+class MpiBackend final : public Backend {
+ public:
+  MpiBackend(std::shared_ptr<MpiRuntime> runtime, MPI_Comm comm, bool owns_comm)
+      : runtime_(std::move(runtime)), comm_(comm), owns_comm_(owns_comm) {
+    // Errors come back as return codes (turned into CommError) rather than
+    // aborting inside MPI with a less helpful message.
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiBackend() override {
+    if (owns_comm_) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "mpi"; }
+
+  void all_reduce(torch::Tensor& tensor, BackendReduce op) override {
+    require_cpu(tensor);
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), checked_count(tensor.numel()),
+                            reduce_type(tensor.scalar_type()), mpi_op(op), comm_),
+              "MPI_Allreduce");
+  }
+
+  void all_gather(const torch::Tensor& shard, torch::Tensor& full) override {
+    require_cpu(shard);
+    const MPI_Datatype type = transport_type(full);
+    if (full.numel() % size_ == 0) {
+      const int count = checked_count(shard.numel());
+      check_mpi(MPI_Allgather(shard.data_ptr(), count, type, full.data_ptr(), count, type, comm_),
+                "MPI_Allgather");
+      return;
+    }
+    std::vector<int> counts, offsets;
+    uneven_layout(full.numel(), counts, offsets);
+    check_mpi(MPI_Allgatherv(shard.data_ptr(), checked_count(shard.numel()), type, full.data_ptr(), counts.data(),
+                             offsets.data(), type, comm_),
+              "MPI_Allgatherv");
+  }
+
+  void reduce_scatter(const torch::Tensor& full, torch::Tensor& shard, BackendReduce op) override {
+    require_cpu(full);
+    const MPI_Datatype type = reduce_type(full.scalar_type());
+    if (full.numel() % size_ == 0) {
+      check_mpi(MPI_Reduce_scatter_block(full.data_ptr(), shard.data_ptr(), checked_count(shard.numel()), type,
+                                         mpi_op(op), comm_),
+                "MPI_Reduce_scatter_block");
+      return;
+    }
+    std::vector<int> counts, offsets;
+    uneven_layout(full.numel(), counts, offsets);
+    check_mpi(MPI_Reduce_scatter(full.data_ptr(), shard.data_ptr(), counts.data(), type, mpi_op(op), comm_),
+              "MPI_Reduce_scatter");
+  }
+
+  void broadcast(torch::Tensor& tensor, int root) override {
+    require_cpu(tensor);
+    check_mpi(MPI_Bcast(tensor.data_ptr(), checked_count(tensor.numel()), transport_type(tensor), root, comm_),
+              "MPI_Bcast");
+  }
+
+  void barrier() override { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+  void send(const torch::Tensor& tensor, int dst, int tag) override {
+    require_cpu(tensor);
+    check_mpi(MPI_Send(tensor.data_ptr(), checked_count(tensor.numel()), transport_type(tensor), dst, tag, comm_),
+              "MPI_Send");
+  }
+
+  void recv(torch::Tensor& tensor, int src, int tag) override {
+    require_cpu(tensor);
+    MPI_Status status;
+    check_mpi(MPI_Recv(tensor.data_ptr(), checked_count(tensor.numel()), transport_type(tensor), src, tag, comm_,
+                       &status),
+              "MPI_Recv");
+    int received = 0;
+    MPI_Get_count(&status, transport_type(tensor), &received);
+    if (received != tensor.numel())
+      throw CommError("recv: expected " + std::to_string(tensor.numel()) + " elements from rank " +
+                      std::to_string(src) + " but got " + std::to_string(received));
+  }
+
+  std::unique_ptr<Backend> split(int color, int key) override {
+    MPI_Comm child = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child), "MPI_Comm_split");
+    if (child == MPI_COMM_NULL) return nullptr;
+    return std::make_unique<MpiBackend>(runtime_, child, /*owns_comm=*/true);
+  }
+
+  [[noreturn]] void abort_job(int exit_code) override {
+    MPI_Abort(MPI_COMM_WORLD, exit_code);
+    std::_Exit(exit_code);  // MPI_Abort should not return
+  }
+
+ private:
+  void uneven_layout(int64_t total, std::vector<int>& counts, std::vector<int>& offsets) const {
+    counts.resize(size_);
+    offsets.resize(size_);
+    for (int r = 0; r < size_; ++r) {
+      const auto range = shard_range(total, size_, r);
+      counts[r] = checked_count(range.count);
+      offsets[r] = checked_count(range.offset);
+    }
+  }
+
+  std::shared_ptr<MpiRuntime> runtime_;
+  MPI_Comm comm_;
+  bool owns_comm_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_mpi_world_backend(int& argc, char**& argv) {
+  auto runtime = std::make_shared<MpiRuntime>(argc, argv);
+  return std::make_unique<MpiBackend>(std::move(runtime), MPI_COMM_WORLD, /*owns_comm=*/false);
+}
+
+}  // namespace dtrain
