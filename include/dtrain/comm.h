@@ -82,8 +82,11 @@ class Communicator {
   WorkPtr broadcast(torch::Tensor tensor, int root);
   WorkPtr barrier();
   // Point-to-point. Sends and receives between one pair of ranks match in
-  // issue order (per tag). Note that a recv occupies the communicator's
-  // thread until its message arrives, like any other queued operation.
+  // issue order (per tag). Both are blocking operations on the
+  // communicator's thread: a send may not finish until the peer receives it
+  // (always on c10d; on mpi above MPI's eager limit), and later operations
+  // wait behind it. So in a ring, let even ranks send first and odd ranks
+  // receive first (or use two communicators from split()).
   WorkPtr send(torch::Tensor tensor, int dst, int tag = 0);
   WorkPtr recv(torch::Tensor tensor, int src, int tag = 0);
 

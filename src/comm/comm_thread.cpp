@@ -4,23 +4,26 @@ namespace dtrain {
 
 CommThread::CommThread() : thread_([this] { loop(); }) {}
 
-CommThread::~CommThread() {
+void CommThread::shutdown() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
-  queue_cv_.notify_all();
-  thread_.join();
+  changed_.notify_all();
+  if (thread_.joinable()) thread_.join();
 }
 
-WorkPtr CommThread::enqueue(std::function<std::string(uint64_t)> describe, Operation op) {
+CommThread::~CommThread() { shutdown(); }
+
+WorkPtr CommThread::enqueue(Describe describe, Operation op) {
   auto work = std::make_shared<WorkState>();
   {
     std::lock_guard lock(mutex_);
     const uint64_t seq = next_seq_++;
-    queue_.push_back(Task{seq, describe(seq), std::move(op), work});
+    work->set_waiter_help([this, seq] { run_through(seq); });
+    queue_.push_back(Task{seq, std::move(describe), std::move(op), work});
   }
-  queue_cv_.notify_one();
+  changed_.notify_all();
   return work;
 }
 
@@ -30,40 +33,57 @@ CommThread::Running CommThread::running() const {
 }
 
 void CommThread::loop() {
+  std::unique_lock lock(mutex_);
   for (;;) {
-    Task task;
-    std::string earlier_failure;
-    {
-      std::unique_lock lock(mutex_);
-      queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front());
-      queue_.pop_front();
-      earlier_failure = first_failure_;
-      running_ = Running{true, task.seq, task.description, std::chrono::steady_clock::now()};
-    }
-    std::string failure;
-    if (!earlier_failure.empty()) {
-      failure = task.description + " was not run: the communicator is unusable after an earlier failure: " +
-                earlier_failure;
-      task.work->mark_failed(std::make_exception_ptr(CommError(failure)));
-      failure.clear();  // keep the original first failure
-    } else {
-      try {
-        task.op(task.seq);
-        task.work->mark_done();
-      } catch (const std::exception& error) {
-        failure = task.description + ": " + error.what();
-        task.work->mark_failed(std::make_exception_ptr(CommError(failure)));
-      } catch (...) {
-        failure = task.description + ": unknown error";
-        task.work->mark_failed(std::make_exception_ptr(CommError(failure)));
-      }
-    }
-    std::lock_guard lock(mutex_);
-    running_.active = false;
-    if (!failure.empty() && first_failure_.empty()) first_failure_ = failure;
+    changed_.wait(lock, [this] { return !executing_ && (stopping_ || !queue_.empty()); });
+    if (queue_.empty()) return;  // stopping, and everything queued has run
+    run_front(lock);
   }
+}
+
+void CommThread::run_through(uint64_t seq) {
+  std::unique_lock lock(mutex_);
+  while (finished_ <= seq) {
+    if (!executing_ && !queue_.empty()) run_front(lock);
+    else changed_.wait(lock);
+  }
+}
+
+void CommThread::run_front(std::unique_lock<std::mutex>& lock) {
+  Task task = std::move(queue_.front());
+  queue_.pop_front();
+  executing_ = true;
+  running_ = Running{true, task.seq, task.describe, std::chrono::steady_clock::now()};
+  const std::string earlier_failure = first_failure_;
+  lock.unlock();
+
+  std::string failure;
+  if (!earlier_failure.empty()) {
+    task.work->mark_failed(std::make_exception_ptr(
+        CommError(task.describe(task.seq) +
+                  " was not run: the communicator is unusable after an earlier failure: " + earlier_failure)));
+  } else {
+    try {
+      task.op(task.seq);
+    } catch (const std::exception& error) {
+      failure = task.describe(task.seq) + ": " + error.what();
+    } catch (...) {
+      failure = task.describe(task.seq) + ": unknown error";
+    }
+  }
+
+  lock.lock();
+  executing_ = false;
+  running_.active = false;
+  ++finished_;
+  if (!failure.empty() && first_failure_.empty()) first_failure_ = failure;
+  // Mark the work only now, so that a waiter that wakes up finds the queue
+  // state (and first_failure_) already updated.
+  if (earlier_failure.empty()) {
+    if (failure.empty()) task.work->mark_done();
+    else task.work->mark_failed(std::make_exception_ptr(CommError(failure)));
+  }
+  changed_.notify_all();
 }
 
 }  // namespace dtrain

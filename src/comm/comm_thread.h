@@ -1,7 +1,13 @@
-// One background thread per communicator that runs its operations in issue
-// order. Issue order is the same on every rank (every rank's program issues the
-// same collectives in the same order), so running them one at a time in that
-// order is what keeps ranks matched; the compute thread only enqueues.
+// Runs a communicator's operations one at a time, in issue order.
+//
+// Note [issue order]: every rank's program issues the same collectives in the
+// same order, so running them strictly one after another in that order is
+// what keeps ranks matched. Two kinds of thread may run the next operation:
+// the communicator's background thread (so work overlaps with compute), and a
+// thread blocked in Work::wait() on a queued operation, which runs the queue
+// up to its own operation instead of sleeping through two thread hand-offs.
+// Either way only one operation runs at a time and the queue is taken from
+// the front, so the order is the same.
 #pragma once
 
 #include "comm/work.h"
@@ -21,22 +27,26 @@ class CommThread {
  public:
   // The operation receives its sequence number (0, 1, 2, ... per communicator).
   using Operation = std::function<void(uint64_t seq)>;
+  // Turns the sequence number into a label for errors ("all_reduce #12
+  // (count=1000, dtype=float)"); called only when a label is needed, keeping
+  // string formatting off the hot path.
+  using Describe = std::function<std::string(uint64_t seq)>;
 
   CommThread();
-  // Runs what is still queued, then joins.
+  // Runs what is still queued, then joins the thread. Idempotent.
+  void shutdown();
   ~CommThread();
   CommThread(const CommThread&) = delete;
   CommThread& operator=(const CommThread&) = delete;
 
-  // `describe` turns the sequence number into a human-readable label used in
-  // errors ("all_reduce #12 (count=1000, dtype=float32)").
-  WorkPtr enqueue(std::function<std::string(uint64_t seq)> describe, Operation op);
+  WorkPtr enqueue(Describe describe, Operation op);
 
   struct Running {
     bool active = false;
     uint64_t seq = 0;
-    std::string description;
+    Describe describe;
     std::chrono::steady_clock::time_point since;
+    std::string description() const { return describe ? describe(seq) : "?"; }
   };
   // What runs right now; the watchdog polls this.
   Running running() const;
@@ -44,17 +54,24 @@ class CommThread {
  private:
   struct Task {
     uint64_t seq;
-    std::string description;
+    Describe describe;
     Operation op;
     std::shared_ptr<WorkState> work;
   };
   void loop();
+  // Runs queued operations until operation `seq` has finished (see Note [issue order]).
+  void run_through(uint64_t seq);
+  // Pops and runs the front task; `lock` is held on entry and on return.
+  void run_front(std::unique_lock<std::mutex>& lock);
 
   mutable std::mutex mutex_;
-  std::condition_variable queue_cv_;
+  // Signalled on every enqueue, every finished operation and on stop.
+  std::condition_variable changed_;
   std::deque<Task> queue_;
   bool stopping_ = false;
+  bool executing_ = false;
   uint64_t next_seq_ = 0;
+  uint64_t finished_ = 0;  // operations 0 .. finished_-1 have finished
   Running running_;
   // After the first failure every later operation fails at once with this
   // message: a half-completed collective leaves ranks out of step, and going

@@ -30,8 +30,9 @@ CommPtr make_communicator(std::unique_ptr<Backend> backend, std::chrono::millise
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Communicator::~Communicator() {
-  // Stop the watchdog first: draining the queue below may legitimately take
-  // a while, and nothing must abort the job during an orderly shutdown.
+  // Drain the queue while the watchdog still watches: an operation stuck at
+  // exit (a peer that never joins) must end the job, not hang it.
+  impl_->thread->shutdown();
   impl_->watchdog.reset();
   impl_->thread.reset();
 }
@@ -55,7 +56,7 @@ void check_tensor(const torch::Tensor& t, const char* what, const char* op) {
     case torch::kInt: case torch::kLong: case torch::kByte: case torch::kBool:
       return;
     default:
-      fail(std::string("has unsupported dtype ") + c10::toString(t.scalar_type()) +
+      fail("has unsupported dtype " + dtype_name(t.scalar_type()) +
            " (supported: float32, float64, bfloat16, float16, int32, int64, uint8, bool)");
   }
 }
@@ -64,6 +65,13 @@ void check_rank(int peer, int world, const char* what, const char* op) {
   if (peer < 0 || peer >= world)
     throw CommError(std::string(op) + ": " + what + " " + std::to_string(peer) + " is not a rank of this " +
                     std::to_string(world) + "-rank communicator");
+}
+
+// Runs on whichever thread executes the operation; executions are serialised
+// (Note [issue order]), so the plain counter needs no lock.
+void check_if_debugging(Communicator::Impl& impl, const OpSignature& sig) {
+  if (impl.debug) check_same_op_on_all_ranks(*impl.backend, sig, impl.collectives_run);
+  ++impl.collectives_run;
 }
 
 BackendReduce to_backend(ReduceOp op) {
@@ -76,7 +84,7 @@ BackendReduce to_backend(ReduceOp op) {
 
 void check_reduce_op(ReduceOp op, torch::ScalarType dtype, const char* name) {
   if (op == ReduceOp::Avg && !c10::isFloatingType(dtype))
-    throw CommError(std::string(name) + ": avg needs a floating-point tensor, got " + c10::toString(dtype) +
+    throw CommError(std::string(name) + ": avg needs a floating-point tensor, got " + dtype_name(dtype) +
                     " (use sum and divide yourself for integers)");
   if (dtype == torch::kBool)
     throw CommError(std::string(name) + ": bool tensors cannot be reduced (use uint8 or int32)");
@@ -102,8 +110,8 @@ WorkPtr Communicator::all_reduce(torch::Tensor tensor, ReduceOp op) {
   const OpSignature sig{OpKind::AllReduce, tensor.numel(), tensor.scalar_type(), static_cast<int64_t>(op)};
   Impl* impl = impl_.get();
   return impl->thread->enqueue([sig](uint64_t seq) { return describe(sig, seq); },
-                               [impl, sig, tensor, op](uint64_t seq) mutable {
-                                 if (impl->debug) check_same_op_on_all_ranks(*impl->backend, sig, seq);
+                               [impl, sig, tensor, op](uint64_t) mutable {
+                                 check_if_debugging(*impl, sig);
                                  reduce_in_working_precision(
                                      tensor, tensor, op, impl->backend->size(),
                                      [&](torch::Tensor& in, torch::Tensor& out) {
@@ -127,8 +135,8 @@ WorkPtr Communicator::all_gather(torch::Tensor shard, torch::Tensor full) {
   const OpSignature sig{OpKind::AllGather, full.numel(), full.scalar_type(), 0};
   Impl* impl = impl_.get();
   return impl->thread->enqueue([sig](uint64_t seq) { return describe(sig, seq); },
-                               [impl, sig, shard, full](uint64_t seq) mutable {
-                                 if (impl->debug) check_same_op_on_all_ranks(*impl->backend, sig, seq);
+                               [impl, sig, shard, full](uint64_t) mutable {
+                                 check_if_debugging(*impl, sig);
                                  impl->backend->all_gather(shard, full);
                                });
 }
@@ -150,8 +158,8 @@ WorkPtr Communicator::reduce_scatter(torch::Tensor full, torch::Tensor shard, Re
   const OpSignature sig{OpKind::ReduceScatter, full.numel(), full.scalar_type(), static_cast<int64_t>(op)};
   Impl* impl = impl_.get();
   return impl->thread->enqueue([sig](uint64_t seq) { return describe(sig, seq); },
-                               [impl, sig, full, shard, op](uint64_t seq) mutable {
-                                 if (impl->debug) check_same_op_on_all_ranks(*impl->backend, sig, seq);
+                               [impl, sig, full, shard, op](uint64_t) mutable {
+                                 check_if_debugging(*impl, sig);
                                  reduce_in_working_precision(
                                      full, shard, op, impl->backend->size(),
                                      [&](torch::Tensor& in, torch::Tensor& out) {
@@ -166,8 +174,8 @@ WorkPtr Communicator::broadcast(torch::Tensor tensor, int root) {
   const OpSignature sig{OpKind::Broadcast, tensor.numel(), tensor.scalar_type(), root};
   Impl* impl = impl_.get();
   return impl->thread->enqueue([sig](uint64_t seq) { return describe(sig, seq); },
-                               [impl, sig, tensor, root](uint64_t seq) mutable {
-                                 if (impl->debug) check_same_op_on_all_ranks(*impl->backend, sig, seq);
+                               [impl, sig, tensor, root](uint64_t) mutable {
+                                 check_if_debugging(*impl, sig);
                                  impl->backend->broadcast(tensor, root);
                                });
 }
@@ -176,8 +184,8 @@ WorkPtr Communicator::barrier() {
   const OpSignature sig{OpKind::Barrier, 0, torch::kByte, 0};
   Impl* impl = impl_.get();
   return impl->thread->enqueue([sig](uint64_t seq) { return describe(sig, seq); },
-                               [impl, sig](uint64_t seq) {
-                                 if (impl->debug) check_same_op_on_all_ranks(*impl->backend, sig, seq);
+                               [impl, sig](uint64_t) {
+                                 check_if_debugging(*impl, sig);
                                  impl->backend->barrier();
                                });
 }
@@ -218,8 +226,8 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
   std::unique_ptr<Backend> child;
   impl->thread
       ->enqueue([sig](uint64_t seq) { return describe(sig, seq); },
-                [impl, sig, color, key, &child](uint64_t seq) {
-                  if (impl->debug) check_same_op_on_all_ranks(*impl->backend, sig, seq);
+                [impl, sig, color, key, &child](uint64_t) {
+                  check_if_debugging(*impl, sig);
                   child = impl->backend->split(color, key);
                 })
       ->wait();

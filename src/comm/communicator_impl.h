@@ -17,6 +17,8 @@ struct Communicator::Impl {
   std::unique_ptr<Backend> backend;
   std::chrono::milliseconds timeout;
   bool debug;
+  // Collectives executed so far (debug mode compares it across ranks).
+  uint64_t collectives_run = 0;
   // Declared after `backend` so that both are destroyed before it: the
   // thread drains its queue (which still uses the backend) when destroyed.
   std::unique_ptr<CommThread> thread;

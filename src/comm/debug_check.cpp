@@ -33,15 +33,29 @@ constexpr int kFields = 5;
 
 }  // namespace
 
-std::string describe(const OpSignature& s, uint64_t seq) {
-  return std::string(to_string(s.kind)) + " #" + std::to_string(seq) + " (count=" + std::to_string(s.count) +
-         ", dtype=" + c10::toString(s.dtype) + detail_text(s.kind, s.detail) + ")";
+std::string dtype_name(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat: return "float32";
+    case torch::kDouble: return "float64";
+    case torch::kBFloat16: return "bfloat16";
+    case torch::kHalf: return "float16";
+    case torch::kInt: return "int32";
+    case torch::kLong: return "int64";
+    case torch::kByte: return "uint8";
+    case torch::kBool: return "bool";
+    default: return c10::toString(dtype);
+  }
 }
 
-void check_same_op_on_all_ranks(Backend& backend, const OpSignature& s, uint64_t seq) {
+std::string describe(const OpSignature& s, uint64_t number) {
+  return std::string(to_string(s.kind)) + " #" + std::to_string(number) + " (count=" + std::to_string(s.count) +
+         ", dtype=" + dtype_name(s.dtype) + detail_text(s.kind, s.detail) + ")";
+}
+
+void check_same_op_on_all_ranks(Backend& backend, const OpSignature& s, uint64_t collective_index) {
   const int world = backend.size();
   auto mine = torch::tensor({static_cast<int64_t>(s.kind), s.count, static_cast<int64_t>(s.dtype), s.detail,
-                             static_cast<int64_t>(seq)},
+                             static_cast<int64_t>(collective_index)},
                             torch::kInt64);
   auto everyone = torch::empty({world * kFields}, torch::kInt64);
   backend.all_gather(mine, everyone);
@@ -52,8 +66,9 @@ void check_same_op_on_all_ranks(Backend& backend, const OpSignature& s, uint64_t
     if (std::equal(own, own + kFields, theirs)) continue;
     OpSignature other{static_cast<OpKind>(theirs[0]), theirs[1], static_cast<torch::ScalarType>(theirs[2]),
                       theirs[3]};
-    throw CommError("DTRAIN_DEBUG: ranks issued different collectives: rank " + std::to_string(backend.rank()) +
-                    " issued " + describe(s, seq) + " but rank " + std::to_string(peer) + " issued " +
+    throw CommError("DTRAIN_DEBUG: ranks issued different collectives (#N counts collectives only): rank " +
+                    std::to_string(backend.rank()) + " issued " + describe(s, collective_index) + " but rank " +
+                    std::to_string(peer) + " issued " +
                     describe(other, static_cast<uint64_t>(theirs[4])) +
                     ". Every rank must issue the same collectives, with the same sizes, in the same order.");
   }

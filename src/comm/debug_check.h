@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include <torch/types.h>
+
 namespace dtrain {
 
 enum class OpKind : int64_t { AllReduce, AllGather, ReduceScatter, Broadcast, Barrier, Split };
@@ -20,11 +22,17 @@ struct OpSignature {
   int64_t detail;  // reduce op, broadcast root, or 0
 };
 
-std::string describe(const OpSignature& signature, uint64_t seq);
+// "all_reduce #12 (count=1000, dtype=float32, op=sum)".
+std::string describe(const OpSignature& signature, uint64_t number);
 
 // Collective over `backend`; throws CommError when any rank's signature (or
-// sequence number) differs from this rank's.
-void check_same_op_on_all_ranks(Backend& backend, const OpSignature& signature, uint64_t seq);
+// collective index) differs from this rank's. `collective_index` counts the
+// collectives this communicator ran before this one; point-to-point
+// operations are not counted, since ranks legitimately issue different ones.
+void check_same_op_on_all_ranks(Backend& backend, const OpSignature& signature, uint64_t collective_index);
+
+// float32, bfloat16, int64, ... (the names users write in Python and C++ alike).
+std::string dtype_name(torch::ScalarType dtype);
 
 bool debug_mode_from_environment();
 

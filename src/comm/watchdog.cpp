@@ -1,6 +1,7 @@
 #include "comm/watchdog.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -30,8 +31,9 @@ void Watchdog::loop() {
     if (!running.active) continue;
     const auto stuck_for = duration_cast<milliseconds>(steady_clock::now() - running.since);
     if (stuck_for < timeout_) continue;
-    on_timeout_(running.description + " did not complete within " +
-                std::to_string(duration<double>(timeout_).count()) + " s (DTRAIN_TIMEOUT)");
+    char seconds[32];
+    std::snprintf(seconds, sizeof(seconds), "%g", duration<double>(timeout_).count());
+    on_timeout_(running.description() + " did not complete within " + seconds + " s (DTRAIN_TIMEOUT)");
     return;
   }
 }

@@ -3,6 +3,7 @@
 namespace dtrain {
 
 void WorkState::wait() {
+  if (waiter_help_ && !is_completed()) waiter_help_();
   std::unique_lock lock(mutex_);
   done_cv_.wait(lock, [this] { return done_; });
   if (error_) std::rethrow_exception(error_);

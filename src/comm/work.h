@@ -1,11 +1,12 @@
-// The shared state behind a Work handle: set once by the communicator's
-// thread, read by any number of waiters.
+// The shared state behind a Work handle: set once by whichever thread runs the
+// operation, read by any number of waiters.
 #pragma once
 
 #include "dtrain/comm.h"
 
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 
 namespace dtrain {
@@ -15,6 +16,10 @@ class WorkState final : public Work {
   void wait() override;
   bool is_completed() const override;
 
+  // Called by wait() before blocking: runs the queue up to this operation on
+  // the waiting thread (see Note [issue order] in comm_thread.h).
+  void set_waiter_help(std::function<void()> help) { waiter_help_ = std::move(help); }
+
   void mark_done();
   void mark_failed(std::exception_ptr error);
 
@@ -23,6 +28,7 @@ class WorkState final : public Work {
   std::condition_variable done_cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  std::function<void()> waiter_help_;
 };
 
 }  // namespace dtrain

@@ -3,6 +3,7 @@
 // MPI_Reduce_scatter[_block], MPI_Bcast), so OpenMPI's tuned algorithms do the
 // work. Each communicator has its own thread, hence MPI_THREAD_MULTIPLE.
 #include "comm/backend.h"
+#include "comm/debug_check.h"
 
 #include <mpi.h>
 
@@ -62,7 +63,7 @@ MPI_Datatype reduce_type(torch::ScalarType t) {
     case torch::kInt: return MPI_INT32_T;
     case torch::kLong: return MPI_INT64_T;
     case torch::kByte: return MPI_UINT8_T;
-    default: throw CommError(std::string("mpi backend cannot reduce dtype ") + c10::toString(t));
+    default: throw CommError(std::string("mpi backend cannot reduce dtype ") + dtype_name(t));
   }
 }
 
