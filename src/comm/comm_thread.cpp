@@ -9,7 +9,7 @@ void CommThread::shutdown() {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
-  changed_.notify_all();
+  work_available_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -23,7 +23,7 @@ WorkPtr CommThread::enqueue(Describe describe, Operation op) {
     work->set_waiter_help([this, seq] { run_through(seq); });
     queue_.push_back(Task{seq, std::move(describe), std::move(op), work});
   }
-  changed_.notify_all();
+  work_available_.notify_one();
   return work;
 }
 
@@ -35,7 +35,7 @@ CommThread::Running CommThread::running() const {
 void CommThread::loop() {
   std::unique_lock lock(mutex_);
   for (;;) {
-    changed_.wait(lock, [this] { return !executing_ && (stopping_ || !queue_.empty()); });
+    work_available_.wait(lock, [this] { return !executing_ && (stopping_ || !queue_.empty()); });
     if (queue_.empty()) return;  // stopping, and everything queued has run
     run_front(lock);
   }
@@ -45,7 +45,7 @@ void CommThread::run_through(uint64_t seq) {
   std::unique_lock lock(mutex_);
   while (finished_ <= seq) {
     if (!executing_ && !queue_.empty()) run_front(lock);
-    else changed_.wait(lock);
+    else progress_.wait(lock);
   }
 }
 
@@ -83,7 +83,8 @@ void CommThread::run_front(std::unique_lock<std::mutex>& lock) {
     if (failure.empty()) task.work->mark_done();
     else task.work->mark_failed(std::make_exception_ptr(CommError(failure)));
   }
-  changed_.notify_all();
+  if (!queue_.empty() || stopping_) work_available_.notify_one();
+  progress_.notify_all();
 }
 
 }  // namespace dtrain

@@ -65,8 +65,11 @@ class CommThread {
   void run_front(std::unique_lock<std::mutex>& lock);
 
   mutable std::mutex mutex_;
-  // Signalled on every enqueue, every finished operation and on stop.
-  std::condition_variable changed_;
+  // Two conditions, so that finishing an operation does not wake the idle
+  // background thread (a context switch that steals a core from the peer
+  // ranks' busy-polling) unless there is queued work for it.
+  std::condition_variable work_available_;  // the background thread waits here
+  std::condition_variable progress_;        // threads in Work::wait() wait here
   std::deque<Task> queue_;
   bool stopping_ = false;
   bool executing_ = false;
