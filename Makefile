@@ -6,7 +6,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
 TORCH_PREFIX = $$(cat $(BUILD)/.torch-prefix)
 
-.PHONY: all setup build test demo bench asan check-long install-test clean
+.PHONY: all setup build test demo bench asan check-long clean
 
 all: build
 

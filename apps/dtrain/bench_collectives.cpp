@@ -39,6 +39,7 @@ const char* mpi_call(Op op, bool even) {
   return "?";
 }
 
+// On c10d there is no raw column: the process group is only reachable through dtrain.
 const char* c10d_call(Op op) {
   switch (op) {
     case Op::AllReduce: return "gloo allreduce";
@@ -133,7 +134,7 @@ int bench_collectives_rank(const BenchCollectivesOptions& options) {
             break;
         }
       }
-      // Alternate the two so machine noise hits both alike.
+      // dtrain and raw take turns size by size, so slow drifts of the machine hit both alike.
       const double dtrain_seconds = time_calls(*world, iterations, through_dtrain);
       std::optional<double> raw_seconds;
       if (through_raw) raw_seconds = time_calls(*world, iterations, through_raw);

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -77,6 +78,9 @@ pid_t spawn(std::vector<std::string> args, const std::vector<std::pair<std::stri
   if (pid > 0) return pid;
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(1);  // the launcher died before prctl took effect
+  // A process group of its own: a Ctrl-C in the terminal reaches the launcher
+  // alone, which forwards it once (the child would otherwise get it twice).
+  setpgid(0, 0);
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
   for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
@@ -87,20 +91,22 @@ pid_t spawn(std::vector<std::string> args, const std::vector<std::pair<std::stri
 }
 
 struct Child {
-  int rank;
+  std::string name;  // "rank 3", for messages
   pid_t pid;
   std::optional<int> status;
 };
 
 // Waits for every child. After the first failure the others get SIGTERM, and
 // SIGKILL once the grace period is over, so a job never outlives a dead rank.
-int supervise(std::vector<Child>& children, int grace_seconds, const std::string& what) {
+int supervise(std::vector<Child>& children, int grace_seconds) {
   using clock = std::chrono::steady_clock;
   std::optional<int> first_failure;
   std::optional<clock::time_point> kill_deadline;
+  // Once we forward a SIGINT/SIGTERM, deaths by it are the requested stop, not news.
+  bool stop_requested = false;
   auto signal_running = [&](int sig) {
     for (auto& child : children)
-      if (!child.status) kill(child.pid, sig);
+      if (!child.status) kill(-child.pid, sig);  // its whole process group (see spawn)
   };
   size_t finished = 0;
   while (finished < children.size()) {
@@ -108,6 +114,7 @@ int supervise(std::vector<Child>& children, int grace_seconds, const std::string
       const int sig = g_forward_signal;
       g_forward_signal = 0;
       signal_running(sig);
+      stop_requested = true;
       if (!kill_deadline) kill_deadline = clock::now() + std::chrono::seconds(grace_seconds);
     }
     if (kill_deadline && clock::now() > *kill_deadline) signal_running(SIGKILL);
@@ -125,8 +132,8 @@ int supervise(std::vector<Child>& children, int grace_seconds, const std::string
     ++finished;
     if (exit_code_of(status) == 0 || first_failure) continue;
     first_failure = exit_code_of(status);
-    std::cerr << "dtrain launch: " << what << (children.size() > 1 ? " " + std::to_string(child->rank) : "")
-              << " (pid " << pid << ") " << describe_status(status);
+    if (stop_requested) continue;
+    std::cerr << "dtrain launch: " << child->name << " (pid " << pid << ") " << describe_status(status);
     if (finished < children.size())
       std::cerr << "; stopping the other " << (children.size() - finished) << " (SIGTERM, SIGKILL after "
                 << grace_seconds << " s)";
@@ -138,6 +145,16 @@ int supervise(std::vector<Child>& children, int grace_seconds, const std::string
 }
 
 bool running_as_root() { return geteuid() == 0; }
+
+// Like execvp's lookup: a name with a slash is a path, else it is searched on PATH.
+bool find_executable(const std::string& name) {
+  if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0;
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');)
+    if (access(((dir.empty() ? "." : dir) + "/" + name).c_str(), X_OK) == 0) return true;
+  return false;
+}
 
 std::vector<std::pair<std::string, std::string>> thread_env(int threads) {
   const std::string t = std::to_string(threads);
@@ -155,13 +172,15 @@ int launch_c10d_local(const LaunchOptions& options, int threads) {
                            {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
                            {"MASTER_ADDR", "127.0.0.1"},
                            {"MASTER_PORT", port}});
-    children.push_back({rank, spawn(options.command, env), std::nullopt});
+    children.push_back({"rank " + std::to_string(rank), spawn(options.command, env), std::nullopt});
   }
-  return supervise(children, options.grace_seconds, "rank");
+  return supervise(children, options.grace_seconds);
 }
 
-// mpirun starts and supervises the ranks (and names a rank that died); the
-// launcher adds what mpirun needs on a shared machine and forwards signals.
+// mpirun starts the ranks and ends the job when one fails. Each rank runs
+// under `dtrain launch --supervise-rank` (supervise_rank below), which names
+// a rank that died and how; mpirun's own message does not always say.
+// The launcher adds what mpirun needs on a shared machine and forwards signals.
 int launch_mpi(const LaunchOptions& options, int threads) {
   std::vector<std::string> args{"mpirun"};
   // OpenMPI refuses to run as root unless told to.
@@ -177,33 +196,64 @@ int launch_mpi(const LaunchOptions& options, int threads) {
   // Containers often forbid the cross-process memory attach (CMA) that the
   // shared-memory transport uses for large messages; copy-in/copy-out works everywhere.
   args.insert(args.end(), {"--mca", "btl_vader_single_copy_mechanism", "none"});
+  args.insert(args.end(), {self_executable(), "launch", "--supervise-rank", "--"});
   args.insert(args.end(), options.command.begin(), options.command.end());
-  std::vector<Child> children{{0, spawn(args, {}), std::nullopt}};
-  return supervise(children, options.grace_seconds, "mpirun");
+  std::vector<Child> children{{"mpirun", spawn(args, {}), std::nullopt}};
+  return supervise(children, options.grace_seconds);
 }
 
 }  // namespace
 
+std::string self_executable() {
+  char path[4096];
+  const ssize_t length = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (length <= 0) return "dtrain";
+  return std::string(path, static_cast<size_t>(length));
+}
+
+int supervise_rank(const std::vector<std::string>& command) {
+  if (command.empty()) throw std::invalid_argument("--supervise-rank needs -- PROGRAM ARGS");
+  char host[256] = "?";
+  gethostname(host, sizeof(host) - 1);
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  install_forwarding_handlers();
+  std::vector<Child> children{
+      {std::string("rank ") + (rank ? rank : "?") + " on " + host, spawn(command, {}), std::nullopt}};
+  return supervise(children, /*grace_seconds=*/10);
+}
+
 int default_threads_per_rank(int local_ranks) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // The cores this process may run on (affinity masks, cpusets), not the machine's.
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  int cores = sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? CPU_COUNT(&allowed) : 0;
+  if (cores <= 0) cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / std::max(1, local_ranks));
 }
 
 int launch(const LaunchOptions& options) {
   if (options.command.empty()) throw std::invalid_argument("no program to launch: dtrain launch -n N -- PROGRAM ARGS");
-  if (options.nproc < 1) throw std::invalid_argument("-n must be at least 1");
+  if (options.nproc < 1) throw std::invalid_argument("-n N (the number of ranks, at least 1) is required");
   if (options.backend != "mpi" && options.backend != "c10d")
     throw std::invalid_argument("--backend must be mpi or c10d, got '" + options.backend + "'");
   if (!options.hosts.empty() && options.backend != "mpi")
     throw std::invalid_argument("--hosts needs --backend mpi (for c10d across hosts, start each host with torchrun)");
+  if (!find_executable(options.command.front()))
+    throw std::invalid_argument("cannot find program '" + options.command.front() +
+                                "' (not an executable file, nor on PATH)");
+  if (options.backend == "mpi" && !find_executable("mpirun"))
+    throw std::invalid_argument("mpirun is not installed: run scripts/setup (it installs openmpi-bin), or use --backend c10d");
+  // The largest slot count on any host bounds the ranks sharing one machine;
+  // a host without a slot count may get them all.
   int local_ranks = options.nproc;
   if (!options.hosts.empty()) {
-    // The largest slot count on any host bounds the ranks sharing one machine.
-    int most = 1;
+    int most = 0;
     std::stringstream list(options.hosts);
     for (std::string entry; std::getline(list, entry, ',');) {
       const auto colon = entry.find(':');
-      if (colon != std::string::npos) most = std::max(most, std::atoi(entry.c_str() + colon + 1));
+      const int slots = colon == std::string::npos ? options.nproc : std::atoi(entry.c_str() + colon + 1);
+      if (slots < 1) throw std::invalid_argument("--hosts: '" + entry + "' needs HOST or HOST:SLOTS with SLOTS >= 1");
+      most = std::max(most, slots);
     }
     local_ranks = std::min(local_ranks, most);
   }

@@ -10,7 +10,7 @@
 namespace dtrain::cli {
 
 struct LaunchOptions {
-  int nproc = 1;
+  int nproc = 0;  // required: launch() rejects 0
   std::string backend = "mpi";  // mpi | c10d
   // "host:slots,host:slots" for multi-host mpi jobs; empty = this machine.
   std::string hosts;
@@ -27,5 +27,13 @@ int launch(const LaunchOptions& options);
 
 // Threads per rank such that ranks x threads <= cores.
 int default_threads_per_rank(int local_ranks);
+
+// Runs one rank of an mpirun job and reports, naming the rank and host, if it
+// dies; exits with the rank's code (128 + signal for a signal). Internal:
+// `dtrain launch --supervise-rank -- PROGRAM ARGS`, placed by launch().
+int supervise_rank(const std::vector<std::string>& command);
+
+// The path of the running dtrain binary.
+std::string self_executable();
 
 }  // namespace dtrain::cli

@@ -31,6 +31,9 @@ class CommError : public std::runtime_error {
 };
 
 enum class ReduceOp { Sum, Avg, Max, Min };
+
+// Point-to-point tags must lie in 0..kMaxTag (the bound every MPI guarantees).
+constexpr int kMaxTag = 32767;
 const char* to_string(ReduceOp op);
 
 // Which elements of a flat buffer of `total` elements rank `rank` of `world`
@@ -63,7 +66,7 @@ class Communicator {
 
   int rank() const;
   int size() const;
-  // "mpi" or "c10d".
+  // "mpi", "c10d" or "self" (the one-rank world of an unlaunched program).
   std::string backend_name() const;
 
   // In place: every rank ends with the reduction of all ranks' `tensor`.
@@ -109,10 +112,15 @@ using CommPtr = std::shared_ptr<Communicator>;
 
 // Options for init(). Unset fields come from the environment.
 struct InitOptions {
-  // "mpi", "c10d" or "" (auto: OpenMPI/PMI variables -> mpi; RANK and
-  // WORLD_SIZE -> c10d; neither -> a single-process mpi world).
+  // "mpi", "c10d", "self" or "" (auto: see backend_from_environment()).
   std::string backend;
 };
+
+// The backend a launcher asked for: "mpi" when OpenMPI/PMI variables are set
+// (mpirun, srun, dtrain launch), "c10d" when RANK and WORLD_SIZE are set
+// (torchrun, dtrain launch --backend c10d), else "self" (one process, no
+// launcher). Throws CommError when only one of RANK / WORLD_SIZE is set.
+std::string backend_from_environment();
 
 // Creates the world communicator. Reads and removes `--backend mpi|c10d`
 // (also `--backend=...`) from argv, so programs can pass their own flags

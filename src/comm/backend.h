@@ -5,13 +5,14 @@
 // order on every rank. Arguments arrive validated (contiguous, matching sizes
 // and dtypes; see communicator.cpp), and low-precision floats arrive already
 // widened to fp32 for reductions, so a backend only moves bytes and reduces
-// fp32/fp64/int32/int64. Avg never reaches a backend (it is Sum then a divide).
+// fp32/fp64/int32/int64/uint8. Avg never reaches a backend (it is Sum then a divide).
 // A backend reports failure by throwing CommError.
 #pragma once
 
 #include "dtrain/comm.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace dtrain {
@@ -25,6 +26,10 @@ class Backend {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string name() const = 0;
+  // Why this backend cannot take `tensor` (e.g. a CUDA tensor on mpi), or
+  // nullopt. Checked on the caller's thread, so the error comes at the call
+  // and does not poison the communicator.
+  virtual std::optional<std::string> why_unsupported(const torch::Tensor&) const { return std::nullopt; }
 
   virtual void all_reduce(torch::Tensor& tensor, BackendReduce op) = 0;
   // shard.numel() may differ between ranks (see shard_range); full is the

@@ -1,11 +1,15 @@
 // Communicator: argument checks on the caller's thread, then each operation is
-// queued on the communicator's thread (see comm_thread.h). See
-// Note [backend contract] in backend.h for what reaches a backend.
+// queued (see Note [issue order] in comm_thread.h). See Note [backend
+// contract] in backend.h for what reaches a backend.
 #include "comm/communicator_impl.h"
 #include "comm/debug_check.h"
 
-#include <cstdio>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include <iostream>
+#include <optional>
 
 namespace dtrain {
 
@@ -46,7 +50,7 @@ namespace {
 
 bool is_low_precision(torch::ScalarType t) { return t == torch::kBFloat16 || t == torch::kHalf; }
 
-void check_tensor(const torch::Tensor& t, const char* what, const char* op) {
+void check_tensor(const Backend& backend, const torch::Tensor& t, const char* what, const char* op) {
   auto fail = [&](const std::string& why) { throw CommError(std::string(op) + ": " + what + " " + why); };
   if (!t.defined()) fail("is an undefined tensor");
   if (!t.is_contiguous()) fail("must be contiguous (call .contiguous() first)");
@@ -54,11 +58,12 @@ void check_tensor(const torch::Tensor& t, const char* what, const char* op) {
   switch (t.scalar_type()) {
     case torch::kFloat: case torch::kDouble: case torch::kBFloat16: case torch::kHalf:
     case torch::kInt: case torch::kLong: case torch::kByte: case torch::kBool:
-      return;
+      break;
     default:
       fail("has unsupported dtype " + dtype_name(t.scalar_type()) +
            " (supported: float32, float64, bfloat16, float16, int32, int64, uint8, bool)");
   }
+  if (auto why_not = backend.why_unsupported(t)) fail(*why_not);
 }
 
 void check_rank(int peer, int world, const char* what, const char* op) {
@@ -67,19 +72,28 @@ void check_rank(int peer, int world, const char* what, const char* op) {
                     std::to_string(world) + "-rank communicator");
 }
 
-// Runs on whichever thread executes the operation; executions are serialised
-// (Note [issue order]), so the plain counter needs no lock.
-void check_if_debugging(Communicator::Impl& impl, const OpSignature& sig) {
-  if (impl.debug) check_same_op_on_all_ranks(*impl.backend, sig, impl.collectives_run);
-  ++impl.collectives_run;
+void check_tag(int tag, const char* op) {
+  if (tag < 0 || tag > kMaxTag)
+    throw CommError(std::string(op) + ": tag " + std::to_string(tag) + " is outside 0.." + std::to_string(kMaxTag));
 }
 
-BackendReduce to_backend(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Max: return BackendReduce::Max;
-    case ReduceOp::Min: return BackendReduce::Min;
-    default: return BackendReduce::Sum;  // Avg = Sum, then divide
-  }
+// For the flat collectives: same dtype and device, and the shard this rank owns.
+void check_shard(const Communicator& comm, const torch::Tensor& full, const torch::Tensor& shard, const char* op) {
+  if (shard.scalar_type() != full.scalar_type() || shard.device() != full.device())
+    throw CommError(std::string(op) + ": shard and full must have the same dtype and device");
+  const auto expected = shard_range(full.numel(), comm.size(), comm.rank()).count;
+  if (shard.numel() != expected)
+    throw CommError(std::string(op) + ": rank " + std::to_string(comm.rank()) + " passed a shard of " +
+                    std::to_string(shard.numel()) + " elements, but a full tensor of " +
+                    std::to_string(full.numel()) + " elements over " + std::to_string(comm.size()) +
+                    " ranks gives it " + std::to_string(expected) + " (see dtrain::shard_range)");
+}
+
+bool overlap(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto* a_begin = static_cast<const char*>(a.const_data_ptr());
+  const auto* b_begin = static_cast<const char*>(b.const_data_ptr());
+  return a_begin < b_begin + b.nbytes() && b_begin < a_begin + a.nbytes();
 }
 
 void check_reduce_op(ReduceOp op, torch::ScalarType dtype, const char* name) {
@@ -90,111 +104,125 @@ void check_reduce_op(ReduceOp op, torch::ScalarType dtype, const char* name) {
     throw CommError(std::string(name) + ": bool tensors cannot be reduced (use uint8 or int32)");
 }
 
-// Reductions of bf16/fp16 run in fp32 (see comm.h); Avg divides after the sum.
-// `reduce` performs the backend reduction on a tensor of the working dtype.
-template <typename Reduce>
-void reduce_in_working_precision(const torch::Tensor& input, torch::Tensor& output, ReduceOp op, int world,
-                                 Reduce reduce) {
-  torch::Tensor in = is_low_precision(input.scalar_type()) ? input.to(torch::kFloat) : input;
-  torch::Tensor out = is_low_precision(output.scalar_type()) ? torch::empty_like(output, torch::kFloat) : output;
-  reduce(in, out);
-  if (op == ReduceOp::Avg) out.div_(world);
-  if (!out.is_same(output)) output.copy_(out);
+BackendReduce to_backend(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Max: return BackendReduce::Max;
+    case ReduceOp::Min: return BackendReduce::Min;
+    default: return BackendReduce::Sum;  // Avg = Sum, then divide
+  }
+}
+
+// Reductions of bf16/fp16 run in fp32 (see comm.h), into a scratch buffer
+// that is copied back once; Avg divides after the sum.
+torch::ScalarType working_dtype(torch::ScalarType t) { return is_low_precision(t) ? torch::kFloat : t; }
+torch::Tensor widened(const torch::Tensor& t) { return t.to(working_dtype(t.scalar_type())); }
+void finish_reduction(torch::Tensor& result, ReduceOp op, int world, torch::Tensor& output) {
+  if (op == ReduceOp::Avg) result.div_(world);
+  if (!result.is_same(output)) output.copy_(result);
+}
+
+// What an operation must see of the thread that issued it, whichever thread
+// runs it (Note [issue order]): CUDA work goes on the issuing thread's current
+// stream, and communication is never recorded by autograd (grad mode is
+// thread-local, and in-place writes into leaves that require grad would throw).
+struct IssuerContext {
+  std::optional<c10::Stream> stream;
+
+  static IssuerContext capture(const torch::Tensor& t) {
+    IssuerContext context;
+    if (t.defined() && t.is_cuda()) context.stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device());
+    return context;
+  }
+  template <typename Fn>
+  void run(Fn&& fn) const {
+    at::NoGradGuard no_grad;
+    std::optional<c10::StreamGuard> on_stream;
+    if (stream) on_stream.emplace(*stream);
+    fn();
+  }
+};
+
+// Every collective goes through here: debug-mode check, then the operation,
+// in the issuer's context.
+WorkPtr enqueue_collective(Communicator::Impl* impl, const OpSignature& sig, const torch::Tensor& sample,
+                           std::function<void(Backend&)> fn) {
+  return impl->thread->enqueue([sig](uint64_t seq) { return describe(sig, seq); },
+                               [impl, sig, context = IssuerContext::capture(sample), fn = std::move(fn)](uint64_t) {
+                                 context.run([&] {
+                                   // Executions are serialised (Note [issue order]): a plain counter.
+                                   if (impl->debug)
+                                     check_same_op_on_all_ranks(*impl->backend, sig, impl->collectives_run);
+                                   ++impl->collectives_run;
+                                   fn(*impl->backend);
+                                 });
+                               });
 }
 
 }  // namespace
 
 WorkPtr Communicator::all_reduce(torch::Tensor tensor, ReduceOp op) {
-  check_tensor(tensor, "tensor", "all_reduce");
+  check_tensor(*impl_->backend, tensor, "tensor", "all_reduce");
   check_reduce_op(op, tensor.scalar_type(), "all_reduce");
-  const OpSignature sig{OpKind::AllReduce, tensor.numel(), tensor.scalar_type(), static_cast<int64_t>(op)};
-  Impl* impl = impl_.get();
-  return impl->thread->enqueue([sig](uint64_t seq) { return describe(sig, seq); },
-                               [impl, sig, tensor, op](uint64_t) mutable {
-                                 check_if_debugging(*impl, sig);
-                                 reduce_in_working_precision(
-                                     tensor, tensor, op, impl->backend->size(),
-                                     [&](torch::Tensor& in, torch::Tensor& out) {
-                                       if (!in.is_same(out)) out.copy_(in);
-                                       impl->backend->all_reduce(out, to_backend(op));
-                                     });
-                               });
+  const int world = size();
+  return enqueue_collective(impl_.get(), {OpKind::AllReduce, tensor.numel(), tensor.scalar_type(), static_cast<int64_t>(op)},
+                            tensor, [tensor, op, world](Backend& backend) mutable {
+                              auto work = widened(tensor);
+                              backend.all_reduce(work, to_backend(op));
+                              finish_reduction(work, op, world, tensor);
+                            });
 }
 
 WorkPtr Communicator::all_gather(torch::Tensor shard, torch::Tensor full) {
-  check_tensor(shard, "shard", "all_gather");
-  check_tensor(full, "full", "all_gather");
-  if (shard.scalar_type() != full.scalar_type() || shard.device() != full.device())
-    throw CommError("all_gather: shard and full must have the same dtype and device");
-  const auto expected = shard_range(full.numel(), size(), rank()).count;
-  if (shard.numel() != expected)
-    throw CommError("all_gather: rank " + std::to_string(rank()) + " passed a shard of " +
-                    std::to_string(shard.numel()) + " elements, but a full tensor of " +
-                    std::to_string(full.numel()) + " elements over " + std::to_string(size()) +
-                    " ranks gives it " + std::to_string(expected) + " (see dtrain::shard_range)");
-  const OpSignature sig{OpKind::AllGather, full.numel(), full.scalar_type(), 0};
-  Impl* impl = impl_.get();
-  return impl->thread->enqueue([sig](uint64_t seq) { return describe(sig, seq); },
-                               [impl, sig, shard, full](uint64_t) mutable {
-                                 check_if_debugging(*impl, sig);
-                                 impl->backend->all_gather(shard, full);
-                               });
+  check_tensor(*impl_->backend, shard, "shard", "all_gather");
+  check_tensor(*impl_->backend, full, "full", "all_gather");
+  check_shard(*this, full, shard, "all_gather");
+  // A shard that lives inside `full` (FSDP's in-place gather) is read before
+  // it is overwritten: the backends need disjoint buffers.
+  const bool in_place = overlap(shard, full);
+  return enqueue_collective(impl_.get(), {OpKind::AllGather, full.numel(), full.scalar_type(), 0}, full,
+                            [shard, full, in_place](Backend& backend) mutable {
+                              backend.all_gather(in_place ? shard.clone() : shard, full);
+                            });
 }
 
 WorkPtr Communicator::reduce_scatter(torch::Tensor full, torch::Tensor shard, ReduceOp op) {
-  check_tensor(full, "full", "reduce_scatter");
-  check_tensor(shard, "shard", "reduce_scatter");
-  if (shard.scalar_type() != full.scalar_type() || shard.device() != full.device())
-    throw CommError("reduce_scatter: shard and full must have the same dtype and device");
+  check_tensor(*impl_->backend, full, "full", "reduce_scatter");
+  check_tensor(*impl_->backend, shard, "shard", "reduce_scatter");
   if (op != ReduceOp::Sum && op != ReduceOp::Avg)
     throw CommError(std::string("reduce_scatter: op ") + to_string(op) + " is not supported (use sum or avg)");
   check_reduce_op(op, full.scalar_type(), "reduce_scatter");
-  const auto expected = shard_range(full.numel(), size(), rank()).count;
-  if (shard.numel() != expected)
-    throw CommError("reduce_scatter: rank " + std::to_string(rank()) + " passed a shard of " +
-                    std::to_string(shard.numel()) + " elements, but a full tensor of " +
-                    std::to_string(full.numel()) + " elements over " + std::to_string(size()) +
-                    " ranks gives it " + std::to_string(expected) + " (see dtrain::shard_range)");
-  const OpSignature sig{OpKind::ReduceScatter, full.numel(), full.scalar_type(), static_cast<int64_t>(op)};
-  Impl* impl = impl_.get();
-  return impl->thread->enqueue([sig](uint64_t seq) { return describe(sig, seq); },
-                               [impl, sig, full, shard, op](uint64_t) mutable {
-                                 check_if_debugging(*impl, sig);
-                                 reduce_in_working_precision(
-                                     full, shard, op, impl->backend->size(),
-                                     [&](torch::Tensor& in, torch::Tensor& out) {
-                                       impl->backend->reduce_scatter(in, out, to_backend(op));
-                                     });
-                               });
+  check_shard(*this, full, shard, "reduce_scatter");
+  const bool in_place = overlap(shard, full);
+  const int world = size();
+  return enqueue_collective(
+      impl_.get(), {OpKind::ReduceScatter, full.numel(), full.scalar_type(), static_cast<int64_t>(op)}, full,
+      [full, shard, op, world, in_place](Backend& backend) mutable {
+        // Narrow dtypes and a shard inside `full` both reduce into scratch space.
+        auto result = (is_low_precision(shard.scalar_type()) || in_place)
+                          ? torch::empty(shard.sizes(), shard.options().dtype(working_dtype(shard.scalar_type())))
+                          : shard;
+        backend.reduce_scatter(widened(full), result, to_backend(op));
+        finish_reduction(result, op, world, shard);
+      });
 }
 
 WorkPtr Communicator::broadcast(torch::Tensor tensor, int root) {
-  check_tensor(tensor, "tensor", "broadcast");
+  check_tensor(*impl_->backend, tensor, "tensor", "broadcast");
   check_rank(root, size(), "root", "broadcast");
-  const OpSignature sig{OpKind::Broadcast, tensor.numel(), tensor.scalar_type(), root};
-  Impl* impl = impl_.get();
-  return impl->thread->enqueue([sig](uint64_t seq) { return describe(sig, seq); },
-                               [impl, sig, tensor, root](uint64_t) mutable {
-                                 check_if_debugging(*impl, sig);
-                                 impl->backend->broadcast(tensor, root);
-                               });
+  return enqueue_collective(impl_.get(), {OpKind::Broadcast, tensor.numel(), tensor.scalar_type(), root}, tensor,
+                            [tensor, root](Backend& backend) mutable { backend.broadcast(tensor, root); });
 }
 
 WorkPtr Communicator::barrier() {
-  const OpSignature sig{OpKind::Barrier, 0, torch::kByte, 0};
-  Impl* impl = impl_.get();
-  return impl->thread->enqueue([sig](uint64_t seq) { return describe(sig, seq); },
-                               [impl, sig](uint64_t) {
-                                 check_if_debugging(*impl, sig);
-                                 impl->backend->barrier();
-                               });
+  return enqueue_collective(impl_.get(), {OpKind::Barrier, 0, torch::kByte, 0}, torch::Tensor(),
+                            [](Backend& backend) { backend.barrier(); });
 }
 
 WorkPtr Communicator::send(torch::Tensor tensor, int dst, int tag) {
-  check_tensor(tensor, "tensor", "send");
+  check_tensor(*impl_->backend, tensor, "tensor", "send");
   check_rank(dst, size(), "destination", "send");
   if (dst == rank()) throw CommError("send: a rank cannot send to itself (copy the tensor instead)");
-  if (tag < 0) throw CommError("send: tag must be >= 0");
+  check_tag(tag, "send");
   Impl* impl = impl_.get();
   const auto count = tensor.numel();
   return impl->thread->enqueue(
@@ -202,14 +230,16 @@ WorkPtr Communicator::send(torch::Tensor tensor, int dst, int tag) {
         return "send #" + std::to_string(seq) + " (count=" + std::to_string(count) + ", to rank " +
                std::to_string(dst) + ", tag " + std::to_string(tag) + ")";
       },
-      [impl, tensor, dst, tag](uint64_t) { impl->backend->send(tensor, dst, tag); });
+      [impl, tensor, dst, tag, context = IssuerContext::capture(tensor)](uint64_t) {
+        context.run([&] { impl->backend->send(tensor, dst, tag); });
+      });
 }
 
 WorkPtr Communicator::recv(torch::Tensor tensor, int src, int tag) {
-  check_tensor(tensor, "tensor", "recv");
+  check_tensor(*impl_->backend, tensor, "tensor", "recv");
   check_rank(src, size(), "source", "recv");
   if (src == rank()) throw CommError("recv: a rank cannot receive from itself");
-  if (tag < 0) throw CommError("recv: tag must be >= 0");
+  check_tag(tag, "recv");
   Impl* impl = impl_.get();
   const auto count = tensor.numel();
   return impl->thread->enqueue(
@@ -217,22 +247,18 @@ WorkPtr Communicator::recv(torch::Tensor tensor, int src, int tag) {
         return "recv #" + std::to_string(seq) + " (count=" + std::to_string(count) + ", from rank " +
                std::to_string(src) + ", tag " + std::to_string(tag) + ")";
       },
-      [impl, tensor, src, tag](uint64_t) mutable { impl->backend->recv(tensor, src, tag); });
+      [impl, tensor, src, tag, context = IssuerContext::capture(tensor)](uint64_t) mutable {
+        context.run([&] { impl->backend->recv(tensor, src, tag); });
+      });
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key) {
-  const OpSignature sig{OpKind::Split, 0, torch::kByte, 0};
-  Impl* impl = impl_.get();
   std::unique_ptr<Backend> child;
-  impl->thread
-      ->enqueue([sig](uint64_t seq) { return describe(sig, seq); },
-                [impl, sig, color, key, &child](uint64_t) {
-                  check_if_debugging(*impl, sig);
-                  child = impl->backend->split(color, key);
-                })
+  enqueue_collective(impl_.get(), {OpKind::Split, 0, torch::kByte, 0}, torch::Tensor(),
+                     [color, key, &child](Backend& backend) { child = backend.split(color, key); })
       ->wait();
   if (!child) return nullptr;
-  return make_communicator(std::move(child), impl->timeout, impl->debug);
+  return make_communicator(std::move(child), impl_->timeout, impl_->debug);
 }
 
 }  // namespace dtrain

@@ -3,6 +3,7 @@
 #include "comm/backend.h"
 #include "comm/communicator_impl.h"
 #include "comm/debug_check.h"
+#include "comm/env.h"
 
 #include <ATen/Parallel.h>
 
@@ -12,17 +13,6 @@
 
 namespace dtrain {
 namespace {
-
-bool has_env(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0';
-}
-
-std::string detect_backend() {
-  if (has_env("OMPI_COMM_WORLD_SIZE") || has_env("PMIX_RANK") || has_env("PMI_RANK")) return "mpi";
-  if (has_env("RANK") && has_env("WORLD_SIZE")) return "c10d";
-  return "self";
-}
 
 // Removes --backend VALUE / --backend=VALUE from argv; returns VALUE or "".
 std::string take_backend_flag(int& argc, char** argv) {
@@ -45,21 +35,18 @@ std::string take_backend_flag(int& argc, char** argv) {
 
 // Launchers set DTRAIN_THREADS_PER_RANK so that ranks x threads <= cores.
 void apply_thread_budget() {
-  if (const char* threads = std::getenv("DTRAIN_THREADS_PER_RANK"); threads && *threads) {
-    const int n = std::atoi(threads);
-    if (n > 0) at::set_num_threads(n);
-  }
+  if (const auto threads = env_int("DTRAIN_THREADS_PER_RANK", 1, 4096)) at::set_num_threads(*threads);
 }
 
 CommPtr make_world(std::string backend, int& argc, char**& argv) {
-  if (backend.empty()) backend = detect_backend();
+  if (backend.empty()) backend = backend_from_environment();
   const auto timeout = timeout_from_environment();
   const bool debug = debug_mode_from_environment();
   apply_thread_budget();
   if (backend == "mpi") return make_communicator(make_mpi_world_backend(argc, argv), timeout, debug);
   if (backend == "c10d") return make_communicator(make_c10d_world_backend(timeout), timeout, debug);
   if (backend == "self") return make_communicator(make_self_backend(), timeout, debug);
-  throw CommError("unknown backend '" + backend + "': use mpi or c10d");
+  throw CommError("unknown backend '" + backend + "': use mpi, c10d or self");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -43,9 +44,9 @@ std::chrono::milliseconds timeout_from_environment() {
   if (value == nullptr || *value == '\0') return std::chrono::seconds(300);
   char* end = nullptr;
   const double seconds = std::strtod(value, &end);
-  if (end == value || *end != '\0' || !(seconds > 0))
+  if (end == value || *end != '\0' || !std::isfinite(seconds) || seconds < 0.001 || seconds > 1e7)
     throw CommError(std::string("DTRAIN_TIMEOUT='") + value +
-                    "' is not a positive number of seconds (example: DTRAIN_TIMEOUT=60)");
+                    "' must be a number of seconds from 0.001 to 10000000 (example: DTRAIN_TIMEOUT=60)");
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
 }
 

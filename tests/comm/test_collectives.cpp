@@ -626,6 +626,65 @@ TEST(Errors, InvalidArgumentsThrowAtTheCall) {
   EXPECT_TRUE(torch::equal(ones, torch::full({3}, world_size, torch::kInt)));
 }
 
+TEST(Errors, TagOutOfRangeThrowsAtTheCall) {
+  const int world_size = world().size();
+  if (world_size == 1) GTEST_SKIP() << "needs two ranks";
+  auto t = torch::zeros({2});
+  EXPECT_THROW(world().send(t, (world().rank() + 1) % world_size, dtrain::kMaxTag + 1), CommError);
+  EXPECT_THROW(world().recv(t, (world().rank() + 1) % world_size, dtrain::kMaxTag + 1), CommError);
+}
+
+// ---------------------------------------------------------------------------
+// What engines rely on: in-place flat collectives and autograd leaves.
+
+// FSDP gathers into the buffer that already holds this rank's shard, and
+// reduce-scatters a gradient buffer into a view of itself.
+TEST(InPlace, AllGatherFromAShardInsideFull) {
+  const int world_size = world().size();
+  const int rank = world().rank();
+  for (int64_t total : {int64_t{7}, int64_t{4096}}) {
+    const auto mine = dtrain::shard_range(total, world_size, rank);
+    auto expected = torch::arange(total, torch::kFloat) * 0.5f + 1.0f;
+    auto full = torch::zeros({total});
+    full.narrow(0, mine.offset, mine.count).copy_(expected.narrow(0, mine.offset, mine.count));
+    wait_completed(world().all_gather(full.narrow(0, mine.offset, mine.count), full), "in-place all_gather");
+    EXPECT_TRUE(torch::equal(full, expected)) << "total " << total;
+  }
+}
+
+TEST(InPlace, ReduceScatterIntoAViewOfFull) {
+  const int world_size = world().size();
+  const int rank = world().rank();
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const int64_t total = 4096 + 3;
+    const auto mine = dtrain::shard_range(total, world_size, rank);
+    auto full = (torch::arange(total, torch::kFloat) + rank).to(dtype);
+    auto expected = torch::zeros({total}, torch::kDouble);
+    for (int r = 0; r < world_size; ++r) expected += (torch::arange(total, torch::kFloat) + r).to(dtype).to(torch::kDouble);
+    expected = expected.narrow(0, mine.offset, mine.count).to(dtype);
+    // The shard aliases the start of full, which holds other ranks' pieces' inputs.
+    auto shard = full.narrow(0, 0, mine.count);
+    wait_completed(world().reduce_scatter(full, shard, ReduceOp::Sum), "in-place reduce_scatter");
+    EXPECT_TRUE(torch::equal(shard, expected)) << dtype_name(dtype);
+  }
+}
+
+// DDP averages gradients and broadcasts parameters that require grad; the
+// result must not depend on which thread ran the operation (the background
+// thread has grad mode on by default).
+TEST(Autograd, LeavesThatRequireGradCanBeReducedInPlace) {
+  const int world_size = world().size();
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    auto param = torch::full({5}, 2.0, torch::TensorOptions().dtype(dtype).requires_grad(true));
+    auto issued = world().all_reduce(param, ReduceOp::Avg);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // often run by the background thread
+    wait_completed(issued, "all_reduce avg of a leaf that requires grad");
+    EXPECT_TRUE(torch::equal(param.detach(), torch::full({5}, 2.0, dtype))) << dtype_name(dtype);
+    wait_completed(world().broadcast(param, world_size - 1), "broadcast of a leaf that requires grad");
+    EXPECT_TRUE(param.requires_grad());
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Point-to-point patterns that are not symmetric.
 

@@ -10,6 +10,7 @@
 // (color, key).
 #include "comm/backend.h"
 #include "comm/c10d/process_groups.h"
+#include "comm/env.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -47,24 +48,6 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
     work->wait();
   } catch (const c10::Error& error) {
     throw CommError(std::string("c10d ") + what + " failed: " + error.what_without_backtrace());
-  }
-}
-
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* value = std::getenv(name);
-  return value && *value ? value : fallback;
-}
-
-int env_int(const char* name) {
-  const char* value = std::getenv(name);
-  if (!value || !*value) throw CommError(std::string("the c10d backend needs ") + name + " (set by torchrun or dtrain launch)");
-  try {
-    size_t used = 0;
-    const int parsed = std::stoi(value, &used);
-    if (used != std::string(value).size()) throw std::invalid_argument(value);
-    return parsed;
-  } catch (const std::exception&) {
-    throw CommError(std::string(name) + "='" + value + "' is not an integer");
   }
 }
 
@@ -199,29 +182,34 @@ class C10dBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_c10d_world_backend(std::chrono::milliseconds timeout) {
-  const int rank = env_int("RANK");
-  const int world = env_int("WORLD_SIZE");
-  if (world < 1 || rank < 0 || rank >= world)
-    throw CommError("RANK=" + std::to_string(rank) + " and WORLD_SIZE=" + std::to_string(world) +
-                    " are inconsistent: need 0 <= RANK < WORLD_SIZE");
-  const std::string host = env_or("MASTER_ADDR", "127.0.0.1");
-  const int port = std::stoi(env_or("MASTER_PORT", "29500"));
+  const auto world = env_int("WORLD_SIZE", 1, 1 << 20);
+  if (!world) throw CommError("the c10d backend needs RANK and WORLD_SIZE (set by torchrun or dtrain launch)");
+  const auto rank = env_int("RANK", 0, *world - 1);
+  if (!rank) throw CommError("the c10d backend needs RANK and WORLD_SIZE (set by torchrun or dtrain launch)");
+  const std::string host = env_string("MASTER_ADDR").value_or("127.0.0.1");
+  const int port = env_int("MASTER_PORT", 1, 65535).value_or(29500);
+  // Startup (loading LibTorch, reaching init on every rank, Gloo's full-mesh
+  // connect) is not bounded by the per-operation timeout: a short
+  // DTRAIN_TIMEOUT must not fail a slow start. Gloo's own operation timeout
+  // is the same longer bound, so dtrain's watchdog reports first.
+  const auto startup_timeout = std::max<std::chrono::milliseconds>(timeout, std::chrono::minutes(5));
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(port);
   // Under torchrun's agent store the agent already serves MASTER_PORT.
-  options.isServer = rank == 0 && env_or("TORCHELASTIC_USE_AGENT_STORE", "") != "True";
-  options.numWorkers = world;
+  options.isServer = *rank == 0 && env_string("TORCHELASTIC_USE_AGENT_STORE").value_or("") != "True";
+  options.numWorkers = *world;
   options.waitWorkers = true;  // every rank checks in; rank 0 waits for all of them
-  options.timeout = timeout;
-  c10::intrusive_ptr<c10d::Store> store;
+  options.timeout = startup_timeout;
+  // A torchrun restart reuses the agent's store: keep each attempt's keys apart.
+  const std::string prefix = "dtrain/attempt" + env_string("TORCHELASTIC_RESTART_COUNT").value_or("0") + "/world";
   try {
-    store = c10::make_intrusive<c10d::TCPStore>(host, options);
+    auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
+    return std::make_unique<C10dBackend>(store, prefix, *rank, *world, startup_timeout);
   } catch (const c10::Error& error) {
     throw CommError("c10d rendezvous at " + host + ":" + std::to_string(port) + " failed for rank " +
-                    std::to_string(rank) + " of " + std::to_string(world) + ": " + error.what_without_backtrace() +
+                    std::to_string(*rank) + " of " + std::to_string(*world) + ": " + error.what_without_backtrace() +
                     " (check MASTER_ADDR/MASTER_PORT and that every rank was started)");
   }
-  return std::make_unique<C10dBackend>(store, "dtrain/world", rank, world, timeout);
 }
 
 }  // namespace dtrain

@@ -1,10 +1,10 @@
 #include "comm/c10d/process_groups.h"
 
+#include "comm/env.h"
 #include "dtrain/comm.h"
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include <cstdlib>
 #include <string>
 
 namespace dtrain {
@@ -14,10 +14,9 @@ namespace {
 // loopback address for single-machine jobs (hostname resolution is often
 // broken in containers); else the address this machine's hostname resolves to.
 std::shared_ptr<::gloo::transport::Device> choose_device() {
-  if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME"); interface && *interface)
-    return c10d::ProcessGroupGloo::createDeviceForInterface(interface);
-  const char* master = std::getenv("MASTER_ADDR");
-  const std::string master_addr = master ? master : "127.0.0.1";
+  if (const auto interface = env_string("GLOO_SOCKET_IFNAME"))
+    return c10d::ProcessGroupGloo::createDeviceForInterface(*interface);
+  const std::string master_addr = env_string("MASTER_ADDR").value_or("127.0.0.1");
   if (master_addr == "localhost" || master_addr.rfind("127.", 0) == 0)
     return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();

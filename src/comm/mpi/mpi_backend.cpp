@@ -9,7 +9,7 @@
 
 #include <climits>
 #include <memory>
-#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,15 +28,25 @@ void check_mpi(int code, const char* call) {
 class MpiRuntime {
  public:
   MpiRuntime(int& argc, char**& argv) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized)
+      throw CommError("MPI was already finalized in this process (by an earlier dtrain world that was destroyed, "
+                      "or by the program): call dtrain::init once and keep the world alive");
     int initialized = 0;
     MPI_Initialized(&initialized);
-    if (!initialized) {
-      int provided = 0;
+    int provided = 0;
+    if (initialized) {
+      MPI_Query_thread(&provided);
+    } else {
       check_mpi(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
       owns_ = true;
-      if (provided < MPI_THREAD_MULTIPLE)
-        throw CommError("this MPI library does not provide MPI_THREAD_MULTIPLE, which dtrain needs (one "
-                        "communication thread per communicator); use an OpenMPI built with thread support");
+    }
+    if (provided < MPI_THREAD_MULTIPLE) {
+      if (owns_) MPI_Finalize();
+      throw CommError("MPI does not provide MPI_THREAD_MULTIPLE, which dtrain needs (one communication thread "
+                      "per communicator): use an OpenMPI built with thread support, and if the program calls "
+                      "MPI_Init itself, make it MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...)");
     }
   }
   ~MpiRuntime() {
@@ -87,15 +97,11 @@ MPI_Op mpi_op(BackendReduce op) {
   return MPI_SUM;
 }
 
-void require_cpu(const torch::Tensor& t) {
-  if (!t.is_cpu())
-    throw CommError("the mpi backend handles CPU tensors only; use the c10d backend (NCCL) for CUDA tensors");
-}
 
 class MpiBackend final : public Backend {
  public:
-  MpiBackend(std::shared_ptr<MpiRuntime> runtime, MPI_Comm comm, bool owns_comm)
-      : runtime_(std::move(runtime)), comm_(comm), owns_comm_(owns_comm) {
+  // Takes ownership of `comm` (a dup or a split, never MPI_COMM_WORLD itself).
+  MpiBackend(std::shared_ptr<MpiRuntime> runtime, MPI_Comm comm) : runtime_(std::move(runtime)), comm_(comm) {
     // Errors come back as return codes (turned into CommError) rather than
     // aborting inside MPI with a less helpful message.
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -103,22 +109,26 @@ class MpiBackend final : public Backend {
     MPI_Comm_size(comm_, &size_);
   }
   ~MpiBackend() override {
-    if (owns_comm_) MPI_Comm_free(&comm_);
+    MPI_Comm_free(&comm_);
   }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
 
+  std::optional<std::string> why_unsupported(const torch::Tensor& t) const override {
+    if (!t.is_cpu()) return "is a CUDA tensor; the mpi backend moves CPU tensors only (use --backend c10d, NCCL)";
+    if (t.numel() > INT_MAX) return "has more than 2^31-1 elements, MPI's count limit (split it)";
+    return std::nullopt;
+  }
+
   void all_reduce(torch::Tensor& tensor, BackendReduce op) override {
-    require_cpu(tensor);
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), checked_count(tensor.numel()),
                             reduce_type(tensor.scalar_type()), mpi_op(op), comm_),
               "MPI_Allreduce");
   }
 
   void all_gather(const torch::Tensor& shard, torch::Tensor& full) override {
-    require_cpu(shard);
     const MPI_Datatype type = transport_type(full);
     if (full.numel() % size_ == 0) {
       const int count = checked_count(shard.numel());
@@ -134,7 +144,6 @@ class MpiBackend final : public Backend {
   }
 
   void reduce_scatter(const torch::Tensor& full, torch::Tensor& shard, BackendReduce op) override {
-    require_cpu(full);
     const MPI_Datatype type = reduce_type(full.scalar_type());
     if (full.numel() % size_ == 0) {
       check_mpi(MPI_Reduce_scatter_block(full.data_ptr(), shard.data_ptr(), checked_count(shard.numel()), type,
@@ -149,7 +158,6 @@ class MpiBackend final : public Backend {
   }
 
   void broadcast(torch::Tensor& tensor, int root) override {
-    require_cpu(tensor);
     check_mpi(MPI_Bcast(tensor.data_ptr(), checked_count(tensor.numel()), transport_type(tensor), root, comm_),
               "MPI_Bcast");
   }
@@ -157,13 +165,11 @@ class MpiBackend final : public Backend {
   void barrier() override { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
 
   void send(const torch::Tensor& tensor, int dst, int tag) override {
-    require_cpu(tensor);
     check_mpi(MPI_Send(tensor.data_ptr(), checked_count(tensor.numel()), transport_type(tensor), dst, tag, comm_),
               "MPI_Send");
   }
 
   void recv(torch::Tensor& tensor, int src, int tag) override {
-    require_cpu(tensor);
     MPI_Status status;
     check_mpi(MPI_Recv(tensor.data_ptr(), checked_count(tensor.numel()), transport_type(tensor), src, tag, comm_,
                        &status),
@@ -179,7 +185,7 @@ class MpiBackend final : public Backend {
     MPI_Comm child = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child), "MPI_Comm_split");
     if (child == MPI_COMM_NULL) return nullptr;
-    return std::make_unique<MpiBackend>(runtime_, child, /*owns_comm=*/true);
+    return std::make_unique<MpiBackend>(runtime_, child);
   }
 
   [[noreturn]] void abort_job(int exit_code) override {
@@ -200,7 +206,6 @@ class MpiBackend final : public Backend {
 
   std::shared_ptr<MpiRuntime> runtime_;
   MPI_Comm comm_;
-  bool owns_comm_;
   int rank_ = 0;
   int size_ = 1;
 };
@@ -209,7 +214,11 @@ class MpiBackend final : public Backend {
 
 std::unique_ptr<Backend> make_mpi_world_backend(int& argc, char**& argv) {
   auto runtime = std::make_shared<MpiRuntime>(argc, argv);
-  return std::make_unique<MpiBackend>(std::move(runtime), MPI_COMM_WORLD, /*owns_comm=*/false);
+  // A private copy of MPI_COMM_WORLD: the program's own MPI calls (and their
+  // error handler) never match or interfere with dtrain's.
+  MPI_Comm world = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup");
+  return std::make_unique<MpiBackend>(std::move(runtime), world);
 }
 
 }  // namespace dtrain

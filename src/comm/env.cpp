@@ -1,0 +1,37 @@
+#include "comm/env.h"
+
+#include "dtrain/comm.h"
+
+#include <cstdlib>
+
+namespace dtrain {
+
+std::optional<std::string> env_string(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+std::optional<int> env_int(const char* name, int min, int max) {
+  const auto text = env_string(name);
+  if (!text) return std::nullopt;
+  char* end = nullptr;
+  const long value = std::strtol(text->c_str(), &end, 10);
+  if (end == text->c_str() || *end != '\0' || value < min || value > max)
+    throw CommError(std::string(name) + "='" + *text + "' must be an integer from " + std::to_string(min) + " to " +
+                    std::to_string(max));
+  return static_cast<int>(value);
+}
+
+std::string backend_from_environment() {
+  if (env_string("OMPI_COMM_WORLD_SIZE") || env_string("PMIX_RANK") || env_string("PMI_RANK")) return "mpi";
+  const bool rank = env_string("RANK").has_value();
+  const bool world = env_string("WORLD_SIZE").has_value();
+  if (rank && world) return "c10d";
+  if (rank || world)
+    throw CommError(std::string("the environment sets ") + (rank ? "RANK but not WORLD_SIZE" : "WORLD_SIZE but not RANK") +
+                    ": a torchrun-style launch needs both (or neither, for a single process)");
+  return "self";
+}
+
+}  // namespace dtrain
