@@ -2,11 +2,7 @@
 # Also used by dtrainConfig.cmake for projects that consume dtrain.
 find_package(Threads REQUIRED)
 find_package(MPI REQUIRED COMPONENTS CXX)
-# dtrain compiles no CUDA kernels; naming the architectures skips LibTorch's
-# GPU probe (a try_run that fails on machines without a GPU).
-if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
-  set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/dtrainTorchArch.cmake)
 find_package(Torch REQUIRED)
 
 # The PyPI wheel's LibTorch links CUDA libraries that live in sibling

@@ -155,6 +155,7 @@ int bench_collectives_rank(const BenchCollectivesOptions& options) {
   if (rank == 0) {
     std::printf("\nbus bandwidth as defined by nccl-tests (GB/s = 1e9 bytes/s), %d ranks, backend %s, fp32\n", n,
                 world->backend_name().c_str());
+    if (!raw_mpi) std::printf("no raw column: on c10d the process group is reachable only through dtrain\n");
     if (!options.json_path.empty()) {
       nlohmann::json results = nlohmann::json::array();
       for (const auto& row : rows) {

@@ -35,6 +35,8 @@ enum class ReduceOp { Sum, Avg, Max, Min };
 // Point-to-point tags must lie in 0..kMaxTag (the bound every MPI guarantees).
 constexpr int kMaxTag = 32767;
 const char* to_string(ReduceOp op);
+// "float32", "bfloat16", "int64", ...: the names error messages use.
+std::string dtype_name(torch::ScalarType dtype);
 
 // Which elements of a flat buffer of `total` elements rank `rank` of `world`
 // owns. Shards are as even as possible: the first total % world ranks hold one

@@ -33,20 +33,6 @@ constexpr int kFields = 5;
 
 }  // namespace
 
-std::string dtype_name(torch::ScalarType dtype) {
-  switch (dtype) {
-    case torch::kFloat: return "float32";
-    case torch::kDouble: return "float64";
-    case torch::kBFloat16: return "bfloat16";
-    case torch::kHalf: return "float16";
-    case torch::kInt: return "int32";
-    case torch::kLong: return "int64";
-    case torch::kByte: return "uint8";
-    case torch::kBool: return "bool";
-    default: return c10::toString(dtype);
-  }
-}
-
 std::string describe(const OpSignature& s, uint64_t number) {
   return std::string(to_string(s.kind)) + " #" + std::to_string(number) + " (count=" + std::to_string(s.count) +
          ", dtype=" + dtype_name(s.dtype) + detail_text(s.kind, s.detail) + ")";

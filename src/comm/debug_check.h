@@ -31,9 +31,6 @@ std::string describe(const OpSignature& signature, uint64_t number);
 // operations are not counted, since ranks legitimately issue different ones.
 void check_same_op_on_all_ranks(Backend& backend, const OpSignature& signature, uint64_t collective_index);
 
-// float32, bfloat16, int64, ... (the names users write in Python and C++ alike).
-std::string dtype_name(torch::ScalarType dtype);
-
 bool debug_mode_from_environment();
 
 }  // namespace dtrain

@@ -14,14 +14,4 @@ ShardRange shard_range(int64_t total, int world, int rank) {
   return {offset, base + (rank < extra ? 1 : 0)};
 }
 
-const char* to_string(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Avg: return "avg";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
-  }
-  return "?";
-}
-
 }  // namespace dtrain

@@ -11,6 +11,8 @@
 // program's progress from the launcher's messages.
 #include <dtrain/comm.h>
 
+#include "say.h"
+
 #include <torch/torch.h>
 
 #include <chrono>
@@ -19,16 +21,6 @@
 #include <string>
 #include <unistd.h>
 #include <thread>
-
-namespace {
-
-// One write per line, so lines of concurrent ranks do not interleave.
-void say(const std::string& line) {
-  const std::string text = line + "\n";
-  [[maybe_unused]] auto written = ::write(2, text.data(), text.size());
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   auto world = dtrain::init(argc, argv);

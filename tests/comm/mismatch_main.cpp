@@ -8,6 +8,8 @@
 // launcher exits 0 only if every rank did.
 #include <dtrain/comm.h>
 
+#include "say.h"
+
 #include <torch/torch.h>
 
 #include <iostream>
@@ -15,16 +17,6 @@
 #include <string>
 #include <unistd.h>
 #include <vector>
-
-namespace {
-
-// One write per line, so lines of concurrent ranks do not interleave.
-void say(const std::string& line) {
-  const std::string text = line + "\n";
-  [[maybe_unused]] auto written = ::write(2, text.data(), text.size());
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   auto world = dtrain::init(argc, argv);

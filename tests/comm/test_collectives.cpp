@@ -50,17 +50,7 @@ const std::vector<int64_t> kCounts = {0, 1, 7, 1000000};
 bool is_floating(torch::ScalarType t) { return c10::isFloatingType(t); }
 torch::ScalarType wide_type(torch::ScalarType t) { return is_floating(t) ? torch::kDouble : torch::kLong; }
 
-std::string dtype_name(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat: return "float32";
-    case torch::kDouble: return "float64";
-    case torch::kBFloat16: return "bfloat16";
-    case torch::kHalf: return "float16";
-    case torch::kInt: return "int32";
-    case torch::kLong: return "int64";
-    default: return c10::toString(t);
-  }
-}
+using dtrain::dtype_name;
 
 // What rank `rank` contributes at flat indices [offset, offset + count), in
 // `dtype`. Floats are sin-based, so they are not small integers and the
