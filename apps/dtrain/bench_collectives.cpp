@@ -58,6 +58,13 @@ double bus_bandwidth_gbps(Op op, int64_t bytes, double seconds, int world) {
   return op == Op::AllReduce ? algbw * 2.0 * (n - 1) / n : algbw * (n - 1) / n;
 }
 
+constexpr int kRounds = 5;
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
 // Mean seconds per call over `iterations`, the slowest rank's.
 double time_calls(Communicator& world, int iterations, const std::function<void()>& call) {
   call();  // warm-up: first-touch of buffers, connection setup
@@ -102,8 +109,10 @@ int bench_collectives_rank(const BenchCollectivesOptions& options) {
       const int64_t shard_elements = elements / n;
       auto full = torch::ones({elements}, torch::kFloat32);
       auto shard = torch::ones({shard_elements}, torch::kFloat32);
-      // Enough repetitions to see ~0.5 GB move per measurement, within [3, 200].
-      const int iterations = static_cast<int>(std::clamp<int64_t>((int64_t{512} << 20) / actual_bytes, 3, 200));
+      // Each measurement moves ~128 MiB (2 to 100 calls); kRounds measurements
+      // of each path, taken in turns, and the median of each is reported, so a
+      // noisy moment of a shared machine lands in one round, not in the result.
+      const int iterations = static_cast<int>(std::clamp<int64_t>((int64_t{128} << 20) / actual_bytes, 2, 100));
 
       std::function<void()> through_dtrain, through_raw;
       switch (op) {
@@ -134,10 +143,14 @@ int bench_collectives_rank(const BenchCollectivesOptions& options) {
             break;
         }
       }
-      // dtrain and raw take turns size by size, so slow drifts of the machine hit both alike.
-      const double dtrain_seconds = time_calls(*world, iterations, through_dtrain);
+      std::vector<double> dtrain_rounds, raw_rounds;
+      for (int round = 0; round < kRounds; ++round) {
+        dtrain_rounds.push_back(time_calls(*world, iterations, through_dtrain));
+        if (through_raw) raw_rounds.push_back(time_calls(*world, iterations, through_raw));
+      }
+      const double dtrain_seconds = median(dtrain_rounds);
       std::optional<double> raw_seconds;
-      if (through_raw) raw_seconds = time_calls(*world, iterations, through_raw);
+      if (through_raw) raw_seconds = median(raw_rounds);
       Row row{op, actual_bytes, raw_mpi ? mpi_call(op, true) : c10d_call(op),
               bus_bandwidth_gbps(op, actual_bytes, dtrain_seconds, n), std::nullopt};
       if (raw_seconds) row.raw_busbw = bus_bandwidth_gbps(op, actual_bytes, *raw_seconds, n);
