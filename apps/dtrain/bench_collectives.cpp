@@ -67,7 +67,6 @@ double median(std::vector<double> values) {
 
 // Mean seconds per call over `iterations`, the slowest rank's.
 double time_calls(Communicator& world, int iterations, const std::function<void()>& call) {
-  call();  // warm-up: first-touch of buffers, connection setup
   world.barrier()->wait();
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iterations; ++i) call();
@@ -143,6 +142,9 @@ int bench_collectives_rank(const BenchCollectivesOptions& options) {
             break;
         }
       }
+      // Warm-up, once per path: first touch of the buffers, connection setup.
+      through_dtrain();
+      if (through_raw) through_raw();
       std::vector<double> dtrain_rounds, raw_rounds;
       for (int round = 0; round < kRounds; ++round) {
         dtrain_rounds.push_back(time_calls(*world, iterations, through_dtrain));

@@ -7,11 +7,9 @@
 
 #include <CLI/CLI.hpp>
 
-#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
-#include <unistd.h>
 
 namespace {
 
@@ -33,10 +31,10 @@ int main(int argc, char** argv) {
   launch_cmd->add_option("--threads-per-rank", launch.threads_per_rank,
                          "Intra-op threads per rank (default: cores / local ranks)")
       ->check(CLI::NonNegativeNumber);
-  // Everything after "--" belongs to the program (split off before parsing,
-  // so its flags never reach CLI11); without "--", plain words are accepted.
   bool supervise_rank = false;
   launch_cmd->add_flag("--supervise-rank", supervise_rank, "(internal) run one rank of an mpirun job")->group("");
+  // Everything after "--" belongs to the program (split off before parsing,
+  // so its flags never reach CLI11); without "--", plain words are accepted.
   launch_cmd->add_option("command", launch.command, "PROGRAM [ARGS...] (put -- before it if ARGS have flags)");
   launch_cmd->footer("Usage: dtrain launch -n N [options] -- PROGRAM [ARGS...]");
 

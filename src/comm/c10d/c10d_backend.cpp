@@ -183,9 +183,8 @@ class C10dBackend final : public Backend {
 
 std::unique_ptr<Backend> make_c10d_world_backend(std::chrono::milliseconds timeout) {
   const auto world = env_int("WORLD_SIZE", 1, 1 << 20);
-  if (!world) throw CommError("the c10d backend needs RANK and WORLD_SIZE (set by torchrun or dtrain launch)");
-  const auto rank = env_int("RANK", 0, *world - 1);
-  if (!rank) throw CommError("the c10d backend needs RANK and WORLD_SIZE (set by torchrun or dtrain launch)");
+  const auto rank = world ? env_int("RANK", 0, *world - 1) : std::nullopt;
+  if (!world || !rank) throw CommError("the c10d backend needs RANK and WORLD_SIZE (set by torchrun or dtrain launch)");
   const std::string host = env_string("MASTER_ADDR").value_or("127.0.0.1");
   const int port = env_int("MASTER_PORT", 1, 65535).value_or(29500);
   // Startup (loading LibTorch, reaching init on every rank, Gloo's full-mesh
