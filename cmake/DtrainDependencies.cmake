@@ -2,6 +2,7 @@
 # Also used by dtrainConfig.cmake for projects that consume dtrain.
 find_package(Threads REQUIRED)
 find_package(MPI REQUIRED COMPONENTS CXX)
+find_package(ZLIB REQUIRED)  # gzipped datasets (src/data)
 include(${CMAKE_CURRENT_LIST_DIR}/dtrainTorchArch.cmake)
 find_package(Torch REQUIRED)
 

@@ -1,0 +1,83 @@
+#include "dtrain/models.h"
+
+#include <torch/nn/init.h>
+#include <torch/utils.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace dtrain::models {
+
+namespace {
+
+void check_config(const GPTConfig& c) {
+  auto positive = [](const char* name, int64_t value) {
+    if (value <= 0)
+      throw std::invalid_argument(std::string("GPTConfig: ") + name + " must be positive, got " + std::to_string(value));
+  };
+  positive("vocab_size", c.vocab_size);
+  positive("seq_len", c.seq_len);
+  positive("n_layer", c.n_layer);
+  positive("n_embd", c.n_embd);
+  positive("n_head", c.n_head);
+  if (c.n_embd % c.n_head != 0)
+    throw std::invalid_argument("GPTConfig: n_head (" + std::to_string(c.n_head) + ") must divide n_embd (" +
+                                std::to_string(c.n_embd) + ")");
+  if (c.dropout < 0.0 || c.dropout >= 1.0)
+    throw std::invalid_argument("GPTConfig: dropout must be in [0, 1), got " + std::to_string(c.dropout));
+}
+
+// GPT-2's initialisation. LibTorch's defaults (Kaiming-uniform Linear,
+// N(0, 1) Embedding) would make the tied head's initial logits far too large.
+void init_gpt2_weights(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (auto& module : model.modules(/*include_self=*/false)) {
+    if (auto* linear = module->as<torch::nn::Linear>()) {
+      torch::nn::init::normal_(linear->weight, 0.0, 0.02);
+      if (linear->bias.defined()) torch::nn::init::zeros_(linear->bias);
+    } else if (auto* embedding = module->as<torch::nn::Embedding>()) {
+      torch::nn::init::normal_(embedding->weight, 0.0, 0.02);
+    }
+  }
+}
+
+}  // namespace
+
+GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
+  check_config(config_);
+  wte_ = register_module("wte", torch::nn::Embedding(config_.vocab_size, config_.n_embd));
+  wpe_ = register_module("wpe", torch::nn::Embedding(config_.seq_len, config_.n_embd));
+  blocks_ = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config_.n_layer; ++i) blocks_->push_back(GPTBlock(config_));
+  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{config_.n_embd})));
+  init_gpt2_weights(*this);
+}
+
+torch::Tensor GPTImpl::forward(torch::Tensor tokens) {
+  TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong,
+              "GPT: expected int64 tokens of shape [B,T], got ", tokens.scalar_type(), " ", tokens.sizes());
+  const int64_t T = tokens.size(1);
+  TORCH_CHECK(T <= config_.seq_len, "GPT: sequence of ", T, " tokens is longer than seq_len ", config_.seq_len);
+
+  auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  auto x = wte_->forward(tokens) + wpe_->forward(positions);  // [B,T,C] + [T,C]
+  x = torch::dropout(x, config_.dropout, is_training());
+  for (const auto& block : *blocks_) x = block->as<GPTBlock>()->forward(x);
+  x = ln_f_->forward(x);
+  // Tied head: the output projection is the token embedding, as in GPT-2. The
+  // gradient of wte.weight collects both uses, so no parameter is shared
+  // between two modules (which sharding would have to special-case).
+  return x.matmul(wte_->weight.t());
+}
+
+int64_t GPTImpl::parameter_count(const GPTConfig& config) {
+  check_config(config);
+  const int64_t C = config.n_embd;
+  const int64_t layer_norm = 2 * C;                                         // weight, bias
+  const int64_t attention = (C * 3 * C + 3 * C) + (C * C + C);              // qkv, attn_proj
+  const int64_t mlp = (C * 4 * C + 4 * C) + (4 * C * C + C);                // mlp_fc, mlp_proj
+  const int64_t block = 2 * layer_norm + attention + mlp;                   // 12*C^2 + 13*C
+  return config.vocab_size * C + config.seq_len * C + config.n_layer * block + layer_norm;
+}
+
+}  // namespace dtrain::models

@@ -1,0 +1,37 @@
+#include "dtrain/models.h"
+
+#include <ATen/ops/scaled_dot_product_attention.h>
+
+#include <vector>
+
+namespace dtrain::models {
+
+GPTBlockImpl::GPTBlockImpl(const GPTConfig& config) : n_head_(config.n_head), dropout_(config.dropout) {
+  const int64_t C = config.n_embd;
+  auto layer_norm = [C] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{C})); };
+  // Registered in forward order (see CNNImpl for why).
+  ln_1_ = register_module("ln_1", layer_norm());
+  qkv_ = register_module("qkv", torch::nn::Linear(C, 3 * C));  // one matmul for q, k and v
+  attn_proj_ = register_module("attn_proj", torch::nn::Linear(C, C));
+  ln_2_ = register_module("ln_2", layer_norm());
+  mlp_fc_ = register_module("mlp_fc", torch::nn::Linear(C, 4 * C));
+  mlp_proj_ = register_module("mlp_proj", torch::nn::Linear(4 * C, C));
+}
+
+torch::Tensor GPTBlockImpl::forward(torch::Tensor x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  const double dropout = is_training() ? dropout_ : 0.0;
+
+  // [B,T,3C] -> three [B,n_head,T,head_dim] tensors.
+  auto qkv = qkv_->forward(ln_1_->forward(x)).view({B, T, 3, n_head_, C / n_head_}).permute({2, 0, 3, 1, 4});
+  // is_causal: position t attends to positions <= t only, which is what
+  // makes the logits at t independent of later tokens.
+  auto y = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{}, dropout, /*is_causal=*/true);
+  y = y.transpose(1, 2).reshape({B, T, C});
+  x = x + torch::dropout(attn_proj_->forward(y), dropout, is_training());
+
+  auto h = torch::gelu(mlp_fc_->forward(ln_2_->forward(x)));
+  return x + torch::dropout(mlp_proj_->forward(h), dropout, is_training());
+}
+
+}  // namespace dtrain::models
