@@ -7,11 +7,10 @@
 // (rank, index, salt) that every rank can evaluate for every other rank, so
 // each rank computes its references locally: in float64 / int64 from the
 // dtype-rounded inputs, rounded once at the end.
-//
-// Rules for writing tests here: every rank must issue the same operations in
-// the same order whatever the results, so checks use EXPECT_* (never ASSERT_*
-// between two collectives) and a failed check never skips a collective.
+// Rules for writing tests: tests/common/multirank_gtest.h.
 #include <dtrain/comm.h>
+
+#include "../common/multirank_gtest.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -36,10 +35,7 @@ namespace {
 using dtrain::CommError;
 using dtrain::ReduceOp;
 
-// The world communicator, created in main() after InitGoogleTest.
-dtrain::CommPtr g_world;
-
-dtrain::Communicator& world() { return *g_world; }
+using dtrain::testing::world;
 
 const std::vector<torch::ScalarType> kDtypes = {torch::kFloat, torch::kDouble, torch::kBFloat16,
                                                 torch::kHalf,  torch::kInt,    torch::kLong};
@@ -802,57 +798,6 @@ TEST(Split, NegativeColorGivesNullptr) {
   EXPECT_EQ(t[0].item<int64_t>(), world_size);
 }
 
-// ---------------------------------------------------------------------------
-// Output: rank 0 prints gtest's usual report; every rank prints its own
-// failures, prefixed with its rank.
-
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (!result.failed()) return;
-    std::ostringstream out;
-    out << "[rank " << rank_ << "] " << (result.file_name() ? result.file_name() : "?") << ":"
-        << result.line_number() << ": Failure\n";
-    std::istringstream lines(result.message());
-    for (std::string line; std::getline(lines, line);) out << "[rank " << rank_ << "]   " << line << "\n";
-    std::cerr << out.str() << std::flush;
-  }
-  void OnTestEnd(const ::testing::TestInfo& info) override {
-    if (!info.result()->Failed()) return;
-    std::ostringstream out;
-    out << "[rank " << rank_ << "] FAILED " << info.test_suite_name() << "." << info.name() << "\n";
-    std::cerr << out.str() << std::flush;
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  g_world = dtrain::init(argc, argv);
-  const int rank = g_world->rank();
-  auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-  if (rank != 0) delete listeners.Release(listeners.default_result_printer());
-  listeners.Append(new RankFailurePrinter(rank));
-
-  const int local_result = RUN_ALL_TESTS();
-
-  // Every rank leaves with the same verdict, and only after all finished.
-  int any_failed = local_result != 0 ? 1 : 0;
-  try {
-    auto flag = torch::full({1}, any_failed, torch::kInt);
-    g_world->all_reduce(flag, ReduceOp::Max)->wait();
-    any_failed = flag[0].item<int>();
-  } catch (const std::exception& error) {
-    std::cerr << "[rank " << rank << "] could not agree on the verdict: " << error.what() << std::endl;
-    any_failed = 1;
-  }
-  if (any_failed && local_result == 0 && rank == 0)
-    std::cerr << "[rank 0] tests failed on another rank (see the [rank N] lines above)" << std::endl;
-  g_world.reset();
-  return any_failed ? 1 : 0;
-}
+int main(int argc, char** argv) { return dtrain::testing::run_multirank_tests(argc, argv); }

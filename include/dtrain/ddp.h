@@ -1,0 +1,146 @@
+// DistributedDataParallel: a full replica of any torch::nn::Module per rank,
+// gradients averaged across ranks while backward is still running.
+//
+//   auto world = dtrain::init(argc, argv);
+//   MLP model;
+//   auto ddp = dtrain::DistributedDataParallel(model, world);
+//   torch::optim::SGD opt(model->parameters(), 0.1);
+//   auto loss = loss_fn(ddp(x), y);      // ddp(x): broadcast buffers, model->forward(x)
+//   loss.backward();                      // buckets all-reduced during backward
+//   opt.step();                           // every rank applies the same update
+//
+// The module itself is not changed: DDP adds a post-accumulate-grad hook to
+// each parameter (see Note [DDP buckets] in src/ddp/reducer.h).
+#pragma once
+
+#include <dtrain/comm.h>
+#include <dtrain/comm_hooks.h>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dtrain {
+
+struct DDPOptions {
+  // Gradient bucket sizes. The first bucket (the last layers, whose
+  // gradients come first) is small so communication starts early.
+  int64_t bucket_cap_bytes = 25 << 20;
+  int64_t first_bucket_cap_bytes = 1 << 20;
+  // Make each parameter's .grad a view into its bucket: no copy into the
+  // bucket, no second copy of the gradients in memory. Assigning a fresh
+  // tensor to .grad (zero_grad with set_to_none) undoes the view; DDP then
+  // copies once and restores it.
+  bool gradient_as_bucket_view = false;
+  // Allow parameters that get no gradient in a backward pass (a branch not
+  // taken). Costs one small all-reduce per step; parameters unused on every
+  // rank keep their gradient as it was.
+  bool find_unused_parameters = false;
+  // Copy rank 0's buffers (e.g. BatchNorm running statistics) to every rank
+  // before each forward made through DDP.
+  bool broadcast_buffers = true;
+  // How buckets are averaged (dtrain/comm_hooks.h); null = plain all-reduce.
+  CommHookPtr comm_hook;
+};
+
+// What the last synchronised backward pass cost.
+struct DDPStepStats {
+  int64_t iteration = 0;        // synchronised backward passes so far
+  int64_t bytes_sent = 0;       // payload this rank handed to collectives
+  int64_t buckets = 0;
+  double exposed_comm_s = 0;    // time backward's end spent waiting on buckets
+};
+
+namespace detail {
+class Reducer;
+}
+
+// The engine, independent of the module's type. Use DistributedDataParallel.
+class DistributedDataParallelBase {
+ public:
+  DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module, CommPtr comm, DDPOptions options);
+  ~DistributedDataParallelBase();
+  DistributedDataParallelBase(DistributedDataParallelBase&&) noexcept;
+  DistributedDataParallelBase& operator=(DistributedDataParallelBase&&) noexcept;
+
+  // Called by forward: broadcasts buffers from rank 0 (broadcast_buffers).
+  void before_forward();
+
+  // While a guard lives, backward passes only accumulate local gradients;
+  // the next backward outside a guard averages the accumulated sums.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallelBase& ddp);
+    ~NoSyncGuard();
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DistributedDataParallelBase& ddp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  const CommPtr& comm() const { return comm_; }
+  const DDPOptions& options() const { return options_; }
+  std::vector<torch::Tensor> parameters() const;
+  DDPStepStats last_step() const;
+  // Parameter names per bucket, in launch order (identical on every rank).
+  std::vector<std::vector<std::string>> bucket_layout() const;
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  CommPtr comm_;
+  DDPOptions options_;
+  std::unique_ptr<detail::Reducer> reducer_;
+};
+
+// DDP around a module holder (MLP, or any TORCH_MODULE type) or a
+// std::shared_ptr to a module; calling it forwards to the module.
+template <class ModuleHolder>
+class DistributedDataParallel : public DistributedDataParallelBase {
+ public:
+  DistributedDataParallel(ModuleHolder module, CommPtr comm, DDPOptions options = {})
+      : DistributedDataParallelBase(as_module_ptr(module), std::move(comm), std::move(options)),
+        module_(std::move(module)) {}
+
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    before_forward();
+    return module_->forward(std::forward<Args>(args)...);
+  }
+
+  ModuleHolder& module() { return module_; }
+
+ private:
+  template <class M>
+  static std::shared_ptr<torch::nn::Module> as_module_ptr(const torch::nn::ModuleHolder<M>& holder) {
+    return holder.ptr();
+  }
+  template <class M>
+  static std::shared_ptr<torch::nn::Module> as_module_ptr(const std::shared_ptr<M>& module) {
+    return module;
+  }
+
+  ModuleHolder module_;
+};
+
+// The global gradient norm of what a data-parallel engine trains, clipped to
+// max_norm exactly as torch::nn::utils::clip_grad_norm_ does on one process.
+// Returns the total norm before clipping. norm_type may be infinity.
+double clip_grad_norm(DistributedDataParallelBase& ddp, double max_norm, double norm_type = 2.0);
+
+// The same over parameters whose gradients are split across `shards_across`
+// (each rank holds a disjoint part, as under FSDP): one all-reduce of the
+// local sum of |g|^p (max for infinity). With shards_across == nullptr the
+// gradients are taken as replicated (DDP, single process).
+double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type,
+                      Communicator* shards_across);
+
+}  // namespace dtrain

@@ -1,0 +1,46 @@
+#include "ddp/bucket_assignment.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+namespace dtrain::detail {
+
+std::vector<std::vector<int>> assign_buckets(const std::vector<torch::Tensor>& parameters, int64_t bucket_cap_bytes,
+                                             int64_t first_bucket_cap_bytes) {
+  struct OpenBucket {
+    std::vector<int> members;
+    int64_t bytes = 0;
+  };
+  // One open bucket per dtype and device, since a bucket is one flat tensor.
+  std::map<std::string, OpenBucket> open;
+  std::vector<std::vector<int>> closed;
+  auto cap = [&] { return closed.empty() ? first_bucket_cap_bytes : bucket_cap_bytes; };
+
+  for (int i = static_cast<int>(parameters.size()) - 1; i >= 0; --i) {
+    const auto& p = parameters[i];
+    const std::string key = std::to_string(static_cast<int>(p.scalar_type())) + "@" + p.device().str();
+    auto& bucket = open[key];
+    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    if (!bucket.members.empty() && bucket.bytes + bytes > cap()) {
+      closed.push_back(std::move(bucket.members));
+      bucket = OpenBucket{};
+    }
+    bucket.members.push_back(i);
+    bucket.bytes += bytes;
+    if (bucket.bytes >= cap()) {
+      closed.push_back(std::move(bucket.members));
+      bucket = OpenBucket{};
+    }
+  }
+  for (auto& [key, bucket] : open) {
+    if (!bucket.members.empty()) closed.push_back(std::move(bucket.members));
+  }
+  // Launch order follows backward order: by each bucket's first
+  // (latest-registered) parameter, across dtypes.
+  std::sort(closed.begin(), closed.end(),
+            [](const std::vector<int>& a, const std::vector<int>& b) { return a.front() > b.front(); });
+  return closed;
+}
+
+}  // namespace dtrain::detail

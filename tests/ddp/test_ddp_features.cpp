@@ -1,0 +1,218 @@
+// DDP beyond plain equivalence: no_sync accumulation, unused parameters,
+// models that differ across ranks, bucket layout and gradient views.
+#include <dtrain/ddp.h>
+
+#include "../common/multirank_gtest.h"
+#include "ddp_test_support.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+namespace {
+
+using dtrain::testing::world;
+using dtrain::testing::world_ptr;
+using namespace ddp_test;
+
+torch::Tensor loss_on(torch::Tensor logits, const torch::Tensor& targets) {
+  return torch::cross_entropy_loss(logits, targets);
+}
+
+// Four micro-batches, the first three under no_sync(), each loss scaled by
+// 1/4, equal one step on the batch made of all four.
+TEST(NoSync, AccumulatedMicroBatchesEqualOneBigBatch) {
+  constexpr int kMicro = 4;
+  constexpr int64_t kMicroBatch = 12;
+  auto reference = make_model<TinyMLP>(3);
+  torch::optim::SGD reference_optimizer(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto replica = make_model<TinyMLP>(3);
+  auto ddp = dtrain::DistributedDataParallel(replica, world_ptr());
+  torch::optim::SGD optimizer(replica->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+
+  for (int step = 0; step < 3; ++step) {
+    std::vector<Batch> micro;
+    for (int m = 0; m < kMicro; ++m) micro.push_back(global_batch(100 * step + m, kMicroBatch));
+
+    std::vector<torch::Tensor> inputs, targets;
+    for (const auto& b : micro) {
+      inputs.push_back(b.inputs);
+      targets.push_back(b.targets);
+    }
+    reference_optimizer.zero_grad();
+    loss_on(reference->forward(torch::cat(inputs)), torch::cat(targets)).backward();
+    reference_optimizer.step();
+
+    optimizer.zero_grad();
+    for (int m = 0; m < kMicro; ++m) {
+      const auto mine = local_part(micro[m], world());
+      if (m + 1 < kMicro) {
+        auto guard = ddp.no_sync();
+        (loss_on(ddp(mine.inputs), mine.targets) / kMicro).backward();
+      } else {
+        (loss_on(ddp(mine.inputs), mine.targets) / kMicro).backward();
+      }
+    }
+    optimizer.step();
+    EXPECT_EQ(ddp.last_step().iteration, step + 1) << "one synchronised backward per step";
+  }
+  EXPECT_LE(max_abs_difference(replica->parameters(), reference->parameters()), 1e-5);
+}
+
+// An MLP with a head that only some steps (or ranks) use.
+struct BranchyImpl : torch::nn::Module {
+  BranchyImpl() {
+    body = register_module("body", torch::nn::Linear(kImage * kImage, 16));
+    head = register_module("head", torch::nn::Linear(16, kClasses));
+    spare = register_module("spare", torch::nn::Linear(16, kClasses));
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool use_spare) {
+    auto h = torch::relu(body(x.flatten(1)));
+    return use_spare ? head(h) + spare(h) : head(h);
+  }
+  torch::nn::Linear body{nullptr}, head{nullptr}, spare{nullptr};
+};
+TORCH_MODULE(Branchy);
+
+TEST(UnusedParameters, TrainLikeSingleProcessWithFindUnused) {
+  auto reference = make_model<Branchy>(5);
+  torch::optim::AdamW reference_optimizer(reference->parameters(), torch::optim::AdamWOptions(0.01));
+  auto replica = make_model<Branchy>(5);
+  dtrain::DDPOptions options;
+  options.find_unused_parameters = true;
+  auto ddp = dtrain::DistributedDataParallel(replica, world_ptr(), options);
+  torch::optim::AdamW optimizer(replica->parameters(), torch::optim::AdamWOptions(0.01));
+
+  for (int step = 0; step < 6; ++step) {
+    const bool use_spare = step % 3 == 2;  // the spare head is unused in most steps
+    const auto batch = global_batch(step, 12);
+    reference_optimizer.zero_grad();
+    loss_on(reference->forward(batch.inputs, use_spare), batch.targets).backward();
+    reference_optimizer.step();
+
+    const auto mine = local_part(batch, world());
+    optimizer.zero_grad();
+    loss_on(ddp(mine.inputs, use_spare), mine.targets).backward();
+    // Unused everywhere: no gradient, as in single-process training (so
+    // AdamW does not decay it).
+    EXPECT_EQ(replica->spare->weight.grad().defined(), use_spare) << "step " << step;
+    optimizer.step();
+  }
+  EXPECT_LE(max_abs_difference(replica->parameters(), reference->parameters()), 1e-5);
+}
+
+// Used on rank 0 only: the others contribute zeros to the average.
+TEST(UnusedParameters, UsedOnSomeRanksAveragesWithZeros) {
+  auto replica = make_model<Branchy>(5);
+  dtrain::DDPOptions options;
+  options.find_unused_parameters = true;
+  auto ddp = dtrain::DistributedDataParallel(replica, world_ptr(), options);
+  const auto mine = local_part(global_batch(0, 12), world());
+  const bool use_spare = world().rank() == 0;
+
+  auto local = make_model<Branchy>(5);  // rank 0's weights, no DDP
+  loss_on(local->forward(mine.inputs, use_spare), mine.targets).backward();
+  auto expected = use_spare ? local->spare->weight.grad().clone() : torch::zeros_like(local->spare->weight);
+  world().all_reduce(expected, dtrain::ReduceOp::Avg)->wait();
+
+  loss_on(ddp(mine.inputs, use_spare), mine.targets).backward();
+  ASSERT_TRUE(replica->spare->weight.grad().defined());
+  EXPECT_LE((replica->spare->weight.grad() - expected).abs().max().item<double>(), 1e-6);
+}
+
+TEST(UnusedParameters, WithoutFindUnusedAClearError) {
+  auto replica = make_model<Branchy>(5);
+  auto ddp = dtrain::DistributedDataParallel(replica, world_ptr());
+  const auto mine = local_part(global_batch(0, 12), world());
+  std::string message;
+  try {
+    loss_on(ddp(mine.inputs, false), mine.targets).backward();
+  } catch (const std::exception& error) {
+    message = error.what();
+  }
+  EXPECT_NE(message.find("got no gradient"), std::string::npos) << message;
+  EXPECT_NE(message.find("spare.weight"), std::string::npos) << message;
+  EXPECT_NE(message.find("find_unused_parameters"), std::string::npos) << message;
+
+  // The failed pass left no state behind: a full pass works.
+  loss_on(ddp(mine.inputs, true), mine.targets).backward();
+  EXPECT_EQ(ddp.last_step().iteration, 1);
+}
+
+struct WidthImpl : torch::nn::Module {
+  explicit WidthImpl(int64_t width) { fc = register_module("fc", torch::nn::Linear(8, width)); }
+  torch::Tensor forward(const torch::Tensor& x) { return fc(x); }
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(Width);
+
+TEST(Construction, ModelsThatDifferAcrossRanksAreRejected) {
+  if (world().size() == 1) GTEST_SKIP() << "needs two ranks";
+  Width model(world().rank() == world().size() - 1 ? 5 : 4);
+  std::string message;
+  try {
+    dtrain::DistributedDataParallel ddp(model, world_ptr());
+  } catch (const std::exception& error) {
+    message = error.what();
+  }
+  const std::string culprit = "rank " + std::to_string(world().size() - 1);
+  EXPECT_NE(message.find("differs across ranks"), std::string::npos) << message;
+  EXPECT_NE(message.find(culprit + " has parameter 'fc.weight' float32 [5, 8] where rank 0 has parameter "
+                                   "'fc.weight' float32 [4, 8]"),
+            std::string::npos)
+      << message;
+}
+
+TEST(Construction, BroadcastsRankZerosWeightsAndBuffers) {
+  auto replica = make_model<TinyCNN>(11 + world().rank());
+  replica->norm->running_mean.fill_(world().rank());
+  auto ddp = dtrain::DistributedDataParallel(replica, world_ptr());
+  auto rank0 = make_model<TinyCNN>(11);
+  EXPECT_EQ(max_abs_difference(replica->parameters(), rank0->parameters()), 0.0);
+  EXPECT_EQ(replica->norm->running_mean.abs().max().item<double>(), 0.0);
+}
+
+TEST(Buckets, LayoutFollowsReverseRegistrationAndCaps) {
+  auto model = make_model<TinyMLP>(1);
+  dtrain::DDPOptions options;
+  options.first_bucket_cap_bytes = 1;  // the last parameter alone
+  options.bucket_cap_bytes = 32 * 32 * 4 + 32 * 4;  // fc2.weight + fc2.bias, and a bucket may fill it exactly
+  auto ddp = dtrain::DistributedDataParallel(model, world_ptr(), options);
+  const std::vector<std::vector<std::string>> expected = {
+      {"fc3.bias"}, {"fc3.weight", "fc2.bias"}, {"fc2.weight", "fc1.bias"}, {"fc1.weight"}};
+  EXPECT_EQ(ddp.bucket_layout(), expected);
+}
+
+TEST(Buckets, GradientsAsBucketViewsShareTheBucket) {
+  auto model = make_model<TinyMLP>(1);
+  dtrain::DDPOptions options;
+  options.gradient_as_bucket_view = true;
+  auto ddp = dtrain::DistributedDataParallel(model, world_ptr(), options);
+  const auto mine = local_part(global_batch(0, 12), world());
+  for (int step = 0; step < 2; ++step) {
+    model->zero_grad(/*set_to_none=*/false);
+    loss_on(ddp(mine.inputs), mine.targets).backward();
+  }
+  // One bucket (the model is under 1 MiB): every gradient is a slice of it.
+  std::set<const void*> storages;
+  for (const auto& p : model->parameters()) storages.insert(p.grad().storage().data());
+  EXPECT_EQ(storages.size(), 1u);
+  EXPECT_EQ(ddp.bucket_layout().size(), 1u);
+}
+
+TEST(Stats, AllReduceSendsEveryGradientOnce) {
+  auto model = make_model<TinyMLP>(1);
+  auto ddp = dtrain::DistributedDataParallel(model, world_ptr());
+  const auto mine = local_part(global_batch(0, 12), world());
+  loss_on(ddp(mine.inputs), mine.targets).backward();
+  int64_t bytes = 0;
+  for (const auto& p : model->parameters()) bytes += p.numel() * 4;
+  EXPECT_EQ(ddp.last_step().bytes_sent, bytes);
+  EXPECT_EQ(ddp.last_step().iteration, 1);
+  EXPECT_GE(ddp.last_step().exposed_comm_s, 0.0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return dtrain::testing::run_multirank_tests(argc, argv); }
