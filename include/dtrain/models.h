@@ -7,6 +7,8 @@
 // torch::manual_seed(seed) before building one to make them reproducible.
 #pragma once
 
+#include <dtrain/fsdp.h>
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -117,7 +119,8 @@ class GPTImpl : public torch::nn::Module {
  private:
   GPTConfig config_;
   torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
-  torch::nn::ModuleList blocks_{nullptr};
+  torch::nn::ModuleList blocks_{nullptr};               // registers the blocks ("blocks.0", ...)
+  std::vector<dtrain::Sharded<GPTBlock>> block_calls_;  // calls them (as FSDP units when sharded)
   torch::nn::LayerNorm ln_f_{nullptr};
 };
 TORCH_MODULE(GPT);

@@ -1,5 +1,6 @@
 #include "ddp/reducer.h"
 
+#include "common/tensor_alias.h"
 #include "ddp/bucket_assignment.h"
 
 #include <torch/csrc/autograd/engine.h>
@@ -25,15 +26,6 @@ class GradientReadyHook : public torch::autograd::PostAccumulateGradHook {
   Reducer* reducer_;
   int parameter_;
 };
-
-// Elements [offset, offset + numel) of `buffer`, shaped `sizes`, as a tensor
-// that shares the buffer's storage but is not an autograd view of it:
-// LibTorch's Optimizer::zero_grad() calls detach_() on gradients, which
-// autograd refuses on views.
-torch::Tensor alias_of_bucket(const torch::Tensor& buffer, int64_t offset, c10::IntArrayRef sizes) {
-  torch::NoGradGuard no_grad;
-  return torch::empty({0}, buffer.options()).set_(buffer.storage(), buffer.storage_offset() + offset, sizes);
-}
 
 bool is_view_of(const torch::Tensor& grad, const torch::Tensor& slot) {
   return grad.defined() && grad.data_ptr() == slot.data_ptr() && grad.sizes() == slot.sizes() &&
@@ -66,7 +58,7 @@ Reducer::Reducer(std::vector<std::string> names, std::vector<torch::Tensor> para
     int64_t offset = 0;
     for (size_t position = 0; position < members.size(); ++position) {
       const auto& param = parameters_[members[position]];
-      bucket.grads.gradients.push_back(alias_of_bucket(bucket.grads.buffer, offset, param.sizes()));
+      bucket.grads.gradients.push_back(alias_of(bucket.grads.buffer, offset, param.sizes()));
       bucket.grads.names.push_back(names_[members[position]]);
       slots_[members[position]] = Slot{bucket.grads.index, static_cast<int>(position)};
       offset += param.numel();

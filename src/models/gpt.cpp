@@ -48,7 +48,12 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
   wte_ = register_module("wte", torch::nn::Embedding(config_.vocab_size, config_.n_embd));
   wpe_ = register_module("wpe", torch::nn::Embedding(config_.seq_len, config_.n_embd));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config_.n_layer; ++i) blocks_->push_back(GPTBlock(config_));
+  for (int64_t i = 0; i < config_.n_layer; ++i) {
+    // Each block is an FSDP unit, entered through its Sharded<> holder
+    // (a plain call when the model is not sharded).
+    block_calls_.emplace_back(GPTBlock(config_).ptr());
+    blocks_->push_back(block_calls_.back());
+  }
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{config_.n_embd})));
   init_gpt2_weights(*this);
 }
@@ -62,7 +67,7 @@ torch::Tensor GPTImpl::forward(torch::Tensor tokens) {
   auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   auto x = wte_->forward(tokens) + wpe_->forward(positions);  // [B,T,C] + [T,C]
   x = torch::dropout(x, config_.dropout, is_training());
-  for (const auto& block : *blocks_) x = block->as<GPTBlock>()->forward(x);
+  for (auto& block : block_calls_) x = block(x);
   x = ln_f_->forward(x);
   // Tied head: the output projection is the token embedding, as in GPT-2. The
   // gradient of wte.weight collects both uses, so no parameter is shared

@@ -1,0 +1,231 @@
+// Fully sharded data parallel (FSDP / ZeRO): parameters, gradients and
+// optimizer state split across ranks; a unit's full weights exist only while
+// it runs.
+//
+//   auto world = dtrain::init(argc, argv);
+//   GPT model(cfg);                         // blocks held as dtrain::Sharded<GPTBlock>
+//   auto fsdp = dtrain::fully_shard(model, world, {.strategy = dtrain::Sharding::Full});
+//   torch::optim::AdamW opt(model->parameters(), ...);   // this rank's shards
+//   auto loss = loss_fn(fsdp(tokens), targets);           // units gathered as they run
+//   loss.backward();                                      // gradients reduce-scattered
+//   dtrain::clip_grad_norm(fsdp, 1.0);
+//   opt.step();                                           // each rank updates its shard
+//
+// How it works: Note [FSDP units] in src/fsdp/unit.h.
+#pragma once
+
+#include <dtrain/comm.h>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace dtrain {
+
+enum class Sharding {
+  Full,           // ZeRO-3: parameters, gradients, optimizer state sharded; reshard after forward
+  GradOp,         // ZeRO-2: as Full, but parameters stay gathered from forward to backward
+  OptimizerOnly,  // ZeRO-1: gradients all-reduced, parameters kept gathered, optimizer state sharded
+  None,           // DDP through the same machinery (nothing sharded)
+  Hybrid,         // Full inside groups of hybrid_group_size ranks, replicated across groups
+};
+const char* to_string(Sharding sharding);
+// "full"/"fsdp"/"zero3", "gradop"/"zero2", "optimizer"/"zero1", "none"/"ddp", "hybrid"/"hsdp".
+Sharding sharding_from_string(const std::string& name);
+
+enum class BackwardPrefetch {
+  None,
+  Pre,   // issue the next unit's all-gather before this unit's gradient computation
+  Post,  // ... after it (less memory in flight, less overlap)
+};
+
+struct MixedPrecision {
+  // dtype of the gathered parameters: forward and backward compute in it,
+  // and the all-gather moves it. The shards the optimizer updates stay in
+  // the parameters' own dtype (fp32 master weights).
+  torch::ScalarType param_dtype = torch::kFloat32;
+  // dtype in which gradients are reduce-scattered / all-reduced.
+  torch::ScalarType reduce_dtype = torch::kFloat32;
+  // Floating outputs of the root forward are cast to this dtype.
+  torch::ScalarType output_dtype = torch::kFloat32;
+};
+
+// Which submodules become units (one all-gather and one reduce-scatter
+// each). A unit must be entered through a call site FSDP controls:
+// dtrain::Sharded<Holder>, or a child of a root torch::nn::Sequential.
+struct WrapPolicy {
+  // Modules held by a dtrain::Sharded<> holder, and the children of a root
+  // Sequential, are units.
+  bool declared = true;
+  // Also: modules whose name() is one of these (e.g. "GPTBlockImpl").
+  std::vector<std::string> module_types;
+  // Also: modules owning at least this many parameters (0: off).
+  int64_t min_parameters = 0;
+  // Also: these modules, by qualified name ("blocks.0").
+  std::vector<std::string> module_names;
+};
+
+struct FSDPOptions {
+  Sharding strategy = Sharding::Full;
+  // Hybrid only: ranks per sharding group; must divide the world size.
+  int hybrid_group_size = 0;
+  WrapPolicy wrap;
+  MixedPrecision mixed_precision;
+  bool forward_prefetch = true;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;
+  // All-gathers issued ahead and not yet consumed (bounds prefetch memory).
+  int max_inflight_all_gathers = 2;
+  // Recompute each unit's forward during its backward instead of keeping
+  // its activations (units with one tensor input and one tensor output).
+  bool activation_checkpointing = false;
+};
+
+// One unit, for inspection (tests, dtrain plan, traces).
+struct FSDPUnitInfo {
+  std::string name;          // qualified module name; "" for the root
+  int64_t numel = 0;         // parameters' elements
+  int64_t padded_numel = 0;  // flat size, a multiple of the sharding group size
+  int64_t shard_numel = 0;   // this rank's shard
+  std::vector<std::string> parameters;
+};
+
+namespace detail {
+class FSDPState;
+// Runs `forward` as the unit registered for `module` (gather, forward,
+// backward hooks, reshard), or plainly when `module` is no unit.
+torch::Tensor run_unit(const torch::nn::Module* module, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                       const torch::Tensor& input);
+// Marks `module` as a declared unit (WrapPolicy::declared).
+void declare_unit(const std::shared_ptr<torch::nn::Module>& module);
+}  // namespace detail
+
+// The engine, independent of the root module's type.
+class FullyShardedBase {
+ public:
+  FullyShardedBase(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FSDPOptions options);
+  ~FullyShardedBase();
+  FullyShardedBase(FullyShardedBase&&) noexcept;
+  FullyShardedBase& operator=(FullyShardedBase&&) noexcept;
+
+  // While a guard lives, backward passes keep full gradients locally (no
+  // reduce-scatter); the next backward outside a guard reduces the sums.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(FullyShardedBase& fsdp);
+    ~NoSyncGuard();
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    FullyShardedBase& fsdp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  const FSDPOptions& options() const;
+  const CommPtr& comm() const;
+  // The group parameters are sharded over (the world, a hybrid group, or
+  // a one-rank group for Sharding::None).
+  Communicator& shard_group() const;
+  std::vector<FSDPUnitInfo> units() const;
+  // This rank's shards (what model->parameters() returns after sharding).
+  std::vector<torch::Tensor> parameters() const;
+
+  // Every parameter at full size, by name, in the parameters' dtype, plus
+  // buffers. Collective; with rank0_only the other ranks get an empty map.
+  std::map<std::string, torch::Tensor> full_state_dict(bool rank0_only = true);
+
+  // Bytes of the sharded state this rank holds: parameter shards and their
+  // gradients (not the optimizer's state, which lives in the optimizer).
+  int64_t sharded_parameter_bytes() const;
+
+ protected:
+  torch::Tensor forward_root(const std::function<torch::Tensor()>& forward);
+  // A Sequential root: each child runs as a unit (if it is one).
+  torch::Tensor forward_sequential(const torch::Tensor& input);
+  // Floating tensors are cast to the mixed-precision param_dtype; other
+  // arguments pass through.
+  torch::Tensor compute_input(const torch::Tensor& input) const;
+  template <class T>
+    requires(!std::is_same_v<std::decay_t<T>, torch::Tensor>)
+  T&& compute_input(T&& value) const {
+    return std::forward<T>(value);
+  }
+
+ private:
+  std::unique_ptr<detail::FSDPState> state_;
+};
+
+// FSDP around a module holder (or std::shared_ptr to a module); calling it
+// runs the root forward. If the root is a torch::nn::Sequential, each child
+// is entered as a unit.
+template <class ModuleHolder>
+class FullyShardedDataParallel : public FullyShardedBase {
+ public:
+  FullyShardedDataParallel(ModuleHolder module, CommPtr comm, FSDPOptions options = {})
+      : FullyShardedBase(as_module_ptr(module), std::move(comm), std::move(options)), module_(std::move(module)) {}
+
+  template <class... Args>
+  torch::Tensor operator()(Args&&... args) {
+    if constexpr (std::is_same_v<ModuleHolder, torch::nn::Sequential> && sizeof...(Args) == 1) {
+      return forward_sequential(std::forward<Args>(args)...);
+    } else {
+      return forward_root([&] { return torch::Tensor(module_->forward(compute_input(std::forward<Args>(args))...)); });
+    }
+  }
+
+  ModuleHolder& module() { return module_; }
+
+ private:
+  template <class M>
+  static std::shared_ptr<torch::nn::Module> as_module_ptr(const torch::nn::ModuleHolder<M>& holder) {
+    return holder.ptr();
+  }
+  template <class M>
+  static std::shared_ptr<torch::nn::Module> as_module_ptr(const std::shared_ptr<M>& module) {
+    return module;
+  }
+  ModuleHolder module_;
+};
+
+template <class ModuleHolder>
+FullyShardedDataParallel<ModuleHolder> fully_shard(ModuleHolder model, CommPtr comm, FSDPOptions options = {}) {
+  return FullyShardedDataParallel<ModuleHolder>(std::move(model), std::move(comm), std::move(options));
+}
+
+// A module holder that marks its module as an FSDP unit and enters it as one
+// when called. Without fully_shard it is the plain holder, so one model
+// source serves single-process, DDP and FSDP training.
+//   struct Net : torch::nn::Module { dtrain::Sharded<Block> block{...}; ... x = block(x); };
+template <class Holder>
+class Sharded : public Holder {
+ public:
+  template <class... Args>
+  explicit Sharded(Args&&... args) : Holder(std::forward<Args>(args)...) {
+    if (!this->is_empty()) detail::declare_unit(this->ptr());
+  }
+  Sharded(std::nullptr_t) : Holder(nullptr) {}
+
+  torch::Tensor operator()(const torch::Tensor& input) {
+    auto* module = this->get();
+    return detail::run_unit(module, [module](const torch::Tensor& x) { return torch::Tensor(module->forward(x)); },
+                            input);
+  }
+};
+
+// Gradient clipping over the shards (one all-reduce of the sum of |g|^p
+// within the sharding group). Returns the global norm before clipping.
+double clip_grad_norm(FullyShardedBase& fsdp, double max_norm, double norm_type = 2.0);
+
+}  // namespace dtrain

@@ -1,0 +1,12 @@
+#include "common/tensor_alias.h"
+
+#include <torch/torch.h>
+
+namespace dtrain::detail {
+
+torch::Tensor alias_of(const torch::Tensor& buffer, int64_t offset, c10::IntArrayRef sizes) {
+  torch::NoGradGuard no_grad;
+  return torch::empty({0}, buffer.options()).set_(buffer.storage(), buffer.storage_offset() + offset, sizes);
+}
+
+}  // namespace dtrain::detail

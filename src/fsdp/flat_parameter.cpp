@@ -1,0 +1,109 @@
+#include "fsdp/flat_parameter.h"
+
+#include <dtrain/comm.h>
+
+#include <c10/core/Allocator.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace dtrain::detail {
+namespace {
+
+std::string dtype_name_of(const torch::Tensor& t) { return dtype_name(t.scalar_type()); }
+
+}  // namespace
+
+FlatParameter::FlatParameter(std::vector<std::string> names, std::vector<torch::Tensor> params, int group_size,
+                             int group_rank, torch::ScalarType compute_dtype)
+    : compute_dtype_(compute_dtype) {
+  if (params.empty()) {
+    // A unit without parameters (a root whose children are all units):
+    // nothing to gather or reduce.
+    full_is_shard_ = true;
+    return;
+  }
+  const auto master = params.front().options().requires_grad(false);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].scalar_type() != master.dtype().toScalarType() || params[i].device() != master.device()) {
+      throw std::invalid_argument("FSDP: parameter '" + names[i] + "' is " + dtype_name_of(params[i]) +
+                                  " but '" + names[0] + "' in the same unit is " + dtype_name_of(params[0]) +
+                                  "; a unit's parameters must share dtype and device");
+    }
+    FlatEntry entry;
+    entry.name = names[i];
+    entry.param = params[i];
+    entry.shape = params[i].sizes().vec();
+    entry.offset = numel_;
+    entry.numel = params[i].numel();
+    numel_ += entry.numel;
+    entries_.push_back(std::move(entry));
+  }
+  padded_numel_ = (numel_ + group_size - 1) / group_size * group_size;
+  if (padded_numel_ == 0) padded_numel_ = group_size;  // keep every shard non-empty
+  shard_numel_ = padded_numel_ / group_size;
+  shard_begin_ = group_rank * shard_numel_;
+  const int64_t shard_begin = shard_begin_;
+  for (auto& entry : entries_) {
+    const int64_t begin = std::clamp(shard_begin, entry.offset, entry.offset + entry.numel);
+    const int64_t end = std::clamp(shard_begin + shard_numel_, entry.offset, entry.offset + entry.numel);
+    entry.local_begin = begin - entry.offset;
+    entry.local_count = end - begin;
+  }
+
+  torch::NoGradGuard no_grad;
+  auto flat = torch::zeros({padded_numel_}, master);
+  for (const auto& entry : entries_) flat.narrow(0, entry.offset, entry.numel).copy_(entry.param.detach().reshape({-1}));
+  shard_ = flat.narrow(0, shard_begin, shard_numel_).clone();
+
+  full_is_shard_ = group_size == 1 && compute_dtype_ == shard_.scalar_type();
+  full_ = full_is_shard_ ? shard_ : torch::empty({padded_numel_}, master.dtype(compute_dtype_));
+  if (!full_is_shard_) free_full();
+  use_shard_views();
+}
+
+int64_t FlatParameter::local_offset(size_t i) const {
+  const auto& entry = entries_[i];
+  return entry.local_count == 0 ? 0 : entry.offset + entry.local_begin - shard_begin_;
+}
+
+torch::Tensor FlatParameter::shard_piece(const torch::Tensor& flat_shard, size_t i) const {
+  return flat_shard.narrow(0, local_offset(i), entries_[i].local_count);
+}
+
+bool FlatParameter::full_allocated() const { return full_.storage().nbytes() > 0; }
+
+void FlatParameter::allocate_full() {
+  if (full_is_shard_ || full_allocated()) return;
+  auto* storage = full_.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(padded_numel_) * full_.element_size();
+  storage->set_data_ptr_noswap(c10::GetAllocator(full_.device().type())->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+void FlatParameter::free_full() {
+  if (full_is_shard_) return;
+  auto* storage = full_.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, full_.device()));
+  storage->set_nbytes(0);
+}
+
+torch::Tensor FlatParameter::full_for_writing() const {
+  torch::NoGradGuard no_grad;
+  return torch::empty({0}, full_.options()).set_(full_.storage(), 0, {padded_numel_});
+}
+
+void FlatParameter::use_full_views() {
+  torch::NoGradGuard no_grad;
+  for (auto& entry : entries_) entry.param.set_data(full_.narrow(0, entry.offset, entry.numel).view(entry.shape));
+  using_full_views_ = true;
+}
+
+void FlatParameter::use_shard_views() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < entries_.size(); ++i) entries_[i].param.set_data(shard_piece(shard_, i));
+  using_full_views_ = false;
+}
+
+}  // namespace dtrain::detail

@@ -1,0 +1,327 @@
+#include "fsdp/fsdp_state.h"
+
+#include "ddp/replicas.h"
+#include "fsdp/wrap_policy.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+namespace dtrain::detail {
+namespace {
+
+// Which engine owns each unit's module, for Sharded<> and run_unit().
+std::mutex g_registry_mutex;
+std::map<const torch::nn::Module*, std::pair<FSDPState*, Unit*>>& registry() {
+  static std::map<const torch::nn::Module*, std::pair<FSDPState*, Unit*>> units;
+  return units;
+}
+
+class UnitGradientHook : public torch::autograd::PostAccumulateGradHook {
+ public:
+  UnitGradientHook(std::function<void()> ready) : ready_(std::move(ready)) {}
+  void operator()(const torch::autograd::Variable& /*tensor*/) override { ready_(); }
+
+ private:
+  std::function<void()> ready_;
+};
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+}  // namespace
+
+std::pair<FSDPState*, Unit*> lookup_unit(const torch::nn::Module* module) {
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  auto it = registry().find(module);
+  if (it == registry().end()) return {nullptr, nullptr};
+  return it->second;
+}
+
+FSDPState::FSDPState(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FSDPOptions options)
+    : root_(std::move(root)), comm_(std::move(comm)), options_(std::move(options)) {
+  if (!root_) throw std::invalid_argument("FSDP: the module is null");
+  if (!comm_) throw std::invalid_argument("FSDP: the communicator is null; pass the one dtrain::init() returned");
+  if (options_.max_inflight_all_gathers < 1) {
+    throw std::invalid_argument("FSDP: max_inflight_all_gathers must be at least 1");
+  }
+  for (auto dtype : {options_.mixed_precision.param_dtype, options_.mixed_precision.reduce_dtype,
+                     options_.mixed_precision.output_dtype}) {
+    if (!c10::isFloatingType(dtype)) {
+      throw std::invalid_argument("FSDP: mixed precision dtypes must be floating point, got " + dtype_name(dtype));
+    }
+  }
+  build_groups();
+
+  std::vector<NamedTensor> everything;
+  std::vector<torch::Tensor> values;
+  for (const auto& item : root_->named_parameters(true)) {
+    everything.push_back({"parameter", item.key(), item.value()});
+    values.push_back(item.value());
+  }
+  for (const auto& item : root_->named_buffers(true)) {
+    everything.push_back({"buffer", item.key(), item.value()});
+    values.push_back(item.value());
+  }
+  check_same_on_all_ranks(*comm_, everything, "FSDP");
+  broadcast_from_rank0(*comm_, values);
+
+  build_units();
+  install_gradient_hooks();
+}
+
+FSDPState::~FSDPState() {
+  remove_gradient_hooks();
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  for (auto it = registry().begin(); it != registry().end();) {
+    it = it->second.first == this ? registry().erase(it) : std::next(it);
+  }
+}
+
+void FSDPState::build_groups() {
+  const int world = comm_->size(), rank = comm_->rank();
+  switch (options_.strategy) {
+    case Sharding::Full:
+    case Sharding::GradOp:
+    case Sharding::OptimizerOnly:
+      shard_group_ = comm_;
+      break;
+    case Sharding::None:
+      shard_group_ = world == 1 ? comm_ : comm_->split(rank, 0);
+      replicate_group_ = world == 1 ? nullptr : comm_;
+      break;
+    case Sharding::Hybrid: {
+      const int group = options_.hybrid_group_size;
+      if (group < 1 || world % group != 0) {
+        throw std::invalid_argument("FSDP: hybrid_group_size must divide the world size " + std::to_string(world) +
+                                    " (got " + std::to_string(group) + ")");
+      }
+      shard_group_ = group == world ? comm_ : comm_->split(rank / group, rank);
+      replicate_group_ = group == 1 ? comm_ : (group == world ? nullptr : comm_->split(rank % group, rank));
+      break;
+    }
+  }
+}
+
+void FSDPState::build_units() {
+  UnitGroups groups{shard_group_.get(), replicate_group_.get()};
+  for (auto& plan : plan_units(root_, options_.wrap)) {
+    units_.push_back(std::make_unique<Unit>(plan.name, plan.module.get(), std::move(plan.parameter_names),
+                                            std::move(plan.parameters), groups, options_));
+  }
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  for (size_t i = 1; i < units_.size(); ++i) {
+    auto [it, fresh] = registry().try_emplace(units_[i]->module(), this, units_[i].get());
+    if (!fresh) {
+      throw std::invalid_argument("FSDP: module " + units_[i]->display_name() +
+                                  " already belongs to another fully_shard() call");
+    }
+  }
+}
+
+void FSDPState::install_gradient_hooks() {
+  for (auto& unit : units_) {
+    auto& entries = unit->flat().entries();
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (!entries[i].param.requires_grad()) continue;
+      if (torch::autograd::impl::post_acc_grad_hooks(entries[i].param)) {
+        throw std::invalid_argument("FSDP: parameter '" + entries[i].name +
+                                    "' already has a post-accumulate-grad hook; is the model already wrapped by DDP "
+                                    "or FSDP? Wrap each model once.");
+      }
+      Unit* owner = unit.get();
+      torch::autograd::impl::set_post_acc_grad_hooks(
+          entries[i].param, std::make_unique<UnitGradientHook>([this, owner, i] { on_gradient_ready(*owner, i); }));
+    }
+  }
+}
+
+void FSDPState::remove_gradient_hooks() {
+  for (auto& unit : units_) {
+    for (auto& entry : unit->flat().entries()) {
+      auto& hook = torch::autograd::impl::post_acc_grad_hooks(entry.param);
+      if (dynamic_cast<UnitGradientHook*>(hook.get())) hook.reset();
+    }
+  }
+}
+
+Unit* FSDPState::unit_for(const torch::nn::Module* module) {
+  for (size_t i = 1; i < units_.size(); ++i) {
+    if (units_[i]->module() == module) return units_[i].get();
+  }
+  return nullptr;
+}
+
+torch::Tensor FSDPState::to_compute_dtype(const torch::Tensor& input) const {
+  const auto dtype = options_.mixed_precision.param_dtype;
+  if (!input.defined() || !input.is_floating_point() || input.scalar_type() == dtype) return input;
+  return input.to(dtype);
+}
+
+bool FSDPState::reshard_after_forward(const Unit& unit) const {
+  if (&unit == units_[0].get()) return false;  // the root is needed first in backward
+  return options_.strategy == Sharding::Full || options_.strategy == Sharding::Hybrid;
+}
+
+bool FSDPState::free_after_backward() const { return options_.strategy != Sharding::OptimizerOnly; }
+
+Unit* FSDPState::neighbour_in_order(const Unit& unit, int direction) const {
+  if (&unit == units_[0].get()) {
+    return direction < 0 && !forward_order_.empty() ? forward_order_.back() : nullptr;
+  }
+  auto it = std::find(forward_order_.begin(), forward_order_.end(), &unit);
+  if (it == forward_order_.end()) return nullptr;
+  const auto index = (it - forward_order_.begin()) + direction;
+  if (index < 0 || index >= static_cast<int64_t>(forward_order_.size())) return nullptr;
+  return forward_order_[static_cast<size_t>(index)];
+}
+
+void FSDPState::prefetch(Unit* unit) {
+  if (!unit || inflight_gathers_ >= options_.max_inflight_all_gathers) return;
+  if (unit->start_unshard()) ++inflight_gathers_;
+}
+
+namespace {
+void consume(Unit& unit, int& inflight) {
+  if (unit.unshard_in_flight()) --inflight;
+  unit.finish_unshard();
+}
+}  // namespace
+
+torch::Tensor FSDPState::forward_root(const std::function<torch::Tensor()>& forward) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (in_root_forward_) throw std::logic_error("FSDP: the root forward was entered twice (recursively)");
+  // A new forward: parameters changed since the last gather (optimizer
+  // step), so every unit gathers afresh.
+  for (auto& unit : units_) {
+    unit->reshard(free_after_backward());
+    unit->set_state(TrainingState::Idle);
+  }
+  inflight_gathers_ = 0;
+  in_root_forward_ = true;
+  this_forward_.clear();
+  Unit& root = *units_[0];
+  root.set_state(TrainingState::Forward);
+  if (root.start_unshard()) ++inflight_gathers_;
+  if (options_.forward_prefetch && !forward_order_.empty()) prefetch(forward_order_.front());
+  consume(root, inflight_gathers_);
+
+  torch::Tensor output;
+  try {
+    output = forward();
+  } catch (const std::exception& error) {
+    in_root_forward_ = false;
+    std::string skipped;
+    for (size_t i = 1; i < units_.size(); ++i) {
+      if (std::find(this_forward_.begin(), this_forward_.end(), units_[i].get()) == this_forward_.end()) {
+        skipped += (skipped.empty() ? "" : ", ") + units_[i]->display_name();
+      }
+    }
+    if (skipped.empty()) throw;
+    throw std::runtime_error("FSDP: the forward failed: " + first_line(error.what()) +
+                             "\nThese units were not entered through FSDP in this forward: " + skipped +
+                             ". A unit's parameters are full-size only inside its call: hold the module as "
+                             "dtrain::Sharded<...> and call it through that holder (or make it a child of the root "
+                             "Sequential), or leave it out of the wrap policy.");
+  }
+  in_root_forward_ = false;
+  if (!order_recorded_) {
+    forward_order_ = this_forward_;
+    order_recorded_ = true;
+  }
+  const auto output_dtype = options_.mixed_precision.output_dtype;
+  if (output.is_floating_point() && output.scalar_type() != output_dtype) output = output.to(output_dtype);
+  root.set_state(TrainingState::ForwardDone);
+  hook_outputs(root, output);
+  return output;
+}
+
+torch::Tensor FSDPState::forward_unit(Unit& unit, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                                      const torch::Tensor& input) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (!in_root_forward_) {
+    throw std::runtime_error("FSDP: unit " + unit.display_name() +
+                             " was called outside the root's forward. Call the model through the object "
+                             "dtrain::fully_shard() returned (fsdp(x)), not model->forward(x).");
+  }
+  if (unit.state() != TrainingState::Idle) {
+    throw std::runtime_error("FSDP: unit " + unit.display_name() +
+                             " was called twice in one forward; a unit may run once per forward");
+  }
+  unit.set_state(TrainingState::Forward);
+  this_forward_.push_back(&unit);
+  if (unit.start_unshard()) ++inflight_gathers_;
+  if (options_.forward_prefetch) prefetch(neighbour_in_order(unit, +1));
+  consume(unit, inflight_gathers_);
+
+  auto output = forward(to_compute_dtype(input));
+  unit.set_state(TrainingState::ForwardDone);
+  hook_outputs(unit, output);
+  if (reshard_after_forward(unit)) unit.reshard(/*free_full=*/true);
+  return output;
+}
+
+void FSDPState::hook_outputs(Unit& unit, const torch::Tensor& output) {
+  if (!output.defined() || !output.requires_grad()) return;
+  Unit* target = &unit;
+  output.register_hook([this, target](const torch::Tensor&) { pre_backward(*target); });
+}
+
+void FSDPState::pre_backward(Unit& unit) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (!finalize_queued_) {
+    finalize_queued_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
+  }
+  if (unit.state() == TrainingState::PreBackward) return;  // another output of the same unit
+  if (unit.state() != TrainingState::ForwardDone) {
+    throw std::runtime_error("FSDP: unit " + unit.display_name() + " entered backward while " +
+                             to_string(unit.state()) +
+                             "; a second backward through one forward (retain_graph) is not supported");
+  }
+  unit.stash_shard_gradients();
+  if (unit.start_unshard()) ++inflight_gathers_;
+  if (options_.backward_prefetch == BackwardPrefetch::Pre) prefetch(neighbour_in_order(unit, -1));
+  consume(unit, inflight_gathers_);
+  unit.set_state(TrainingState::PreBackward);
+}
+
+void FSDPState::on_gradient_ready(Unit& unit, size_t parameter) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (!unit.on_gradient_ready(parameter)) return;
+  unit.reduce_gradients(sync_);
+  if (sync_) reduce_order_.push_back(&unit);
+  unit.set_state(TrainingState::PostBackward);
+  unit.reshard(free_after_backward());
+  if (options_.backward_prefetch == BackwardPrefetch::Post) prefetch(neighbour_in_order(unit, -1));
+}
+
+void FSDPState::finalize_backward() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  finalize_queued_ = false;
+  struct ResetOnExit {
+    FSDPState* self;
+    ~ResetOnExit() {
+      self->reduce_order_.clear();
+      self->inflight_gathers_ = 0;
+      for (auto& unit : self->units_) unit->set_state(TrainingState::Idle);
+    }
+  } reset{this};
+
+  // Units whose parameters did not all receive gradients (unused in the
+  // loss) reduce what they have, in unit order (the same on every rank).
+  for (auto& unit : units_) {
+    if (unit->state() == TrainingState::PreBackward && unit->expected_gradients() > 0) {
+      unit->reduce_gradients(sync_);
+      if (sync_) reduce_order_.push_back(unit.get());
+    }
+  }
+  for (auto& unit : units_) unit->reshard(free_after_backward());
+  for (Unit* unit : reduce_order_) unit->finish_gradients();
+}
+
+}  // namespace dtrain::detail

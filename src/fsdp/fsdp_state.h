@@ -1,0 +1,75 @@
+// The FSDP engine for one root module: its units, their execution order,
+// prefetching, and the end of backward. See Note [FSDP units] in unit.h.
+#pragma once
+
+#include "fsdp/unit.h"
+
+#include <dtrain/fsdp.h>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dtrain::detail {
+
+class FSDPState {
+ public:
+  FSDPState(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FSDPOptions options);
+  ~FSDPState();
+  FSDPState(const FSDPState&) = delete;
+  FSDPState& operator=(const FSDPState&) = delete;
+
+  // The root call: gathers the root unit, runs `forward`, hooks the output.
+  torch::Tensor forward_root(const std::function<torch::Tensor()>& forward);
+  // A non-root unit's call (from Sharded<> or a root Sequential).
+  torch::Tensor forward_unit(Unit& unit, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                             const torch::Tensor& input);
+  Unit* unit_for(const torch::nn::Module* module);
+
+  void set_sync(bool sync) { sync_ = sync; }
+  bool sync() const { return sync_; }
+  torch::Tensor to_compute_dtype(const torch::Tensor& input) const;
+
+  const FSDPOptions& options() const { return options_; }
+  const CommPtr& comm() const { return comm_; }
+  Communicator& shard_group() const { return *shard_group_; }
+  const std::shared_ptr<torch::nn::Module>& root() const { return root_; }
+  std::vector<std::unique_ptr<Unit>>& units() { return units_; }  // units_[0] is the root
+
+ private:
+  void build_groups();
+  void build_units();
+  void install_gradient_hooks();
+  void remove_gradient_hooks();
+  void hook_outputs(Unit& unit, const torch::Tensor& output);
+  void pre_backward(Unit& unit);
+  void on_gradient_ready(Unit& unit, size_t parameter);
+  void finalize_backward();
+  void prefetch(Unit* unit);
+  Unit* neighbour_in_order(const Unit& unit, int direction) const;
+  bool reshard_after_forward(const Unit& unit) const;
+  bool free_after_backward() const;
+
+  std::shared_ptr<torch::nn::Module> root_;
+  CommPtr comm_;
+  FSDPOptions options_;
+  CommPtr shard_group_, replicate_group_;
+  std::vector<std::unique_ptr<Unit>> units_;
+
+  std::recursive_mutex mutex_;  // hooks may run on autograd threads
+  bool sync_ = true;
+  bool in_root_forward_ = false;
+  bool finalize_queued_ = false;
+  std::vector<Unit*> forward_order_;       // recorded in the first forward
+  bool order_recorded_ = false;
+  std::vector<Unit*> this_forward_;
+  std::vector<Unit*> reduce_order_;        // units whose reduction started, in issue order
+  int inflight_gathers_ = 0;
+};
+
+// The engine and unit registered for `module` ({nullptr, nullptr} if none).
+std::pair<FSDPState*, Unit*> lookup_unit(const torch::nn::Module* module);
+
+}  // namespace dtrain::detail

@@ -1,0 +1,113 @@
+// One FSDP unit: a module's parameters as a FlatParameter, the collectives
+// that gather them and reduce their gradients, and the unit's state.
+//
+// Note [FSDP units]
+// - Units are chosen by the wrap policy (wrap_policy.h); the root unit owns
+//   every parameter outside the others. A unit runs only through a call site
+//   FSDP controls (Sharded<>, a root Sequential's child, the root call),
+//   which brackets the module's forward with before_forward/after_forward.
+// - Forward: before_forward gathers the flat parameters (all-gather into the
+//   full buffer) and points every parameter at its full view; after_forward
+//   registers a hook on the outputs (fires before the unit's backward) and,
+//   under Sharding::Full, frees the full buffer and points parameters back
+//   at their shards.
+// - Backward: the output hook (pre_backward) gathers again and points the
+//   parameters at their full views, so AccumulateGrad sees full shapes. Each
+//   parameter's post-accumulate-grad hook counts in; after the last one the
+//   unit copies the gradients into one flat buffer and starts a
+//   reduce-scatter (all-reduce for OptimizerOnly) and frees its full
+//   parameters. The root's end-of-backward callback (FSDPState::finalize)
+//   waits for every reduction in issue order and writes each shard's
+//   gradient to .grad of the shard-shaped parameters.
+// - Every hook checks the unit's TrainingState, so a hook that fires at the
+//   wrong moment (a unit used without being entered) is an error naming the
+//   unit, never silent corruption.
+// - All collectives are issued at points that every rank reaches in the same
+//   order (forward calls, autograd hooks, the end-of-backward callback);
+//   prefetch decisions depend only on that order, never on timing.
+#pragma once
+
+#include "fsdp/flat_parameter.h"
+
+#include <dtrain/comm.h>
+#include <dtrain/fsdp.h>
+
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dtrain::detail {
+
+enum class TrainingState { Idle, Forward, ForwardDone, PreBackward, PostBackward };
+const char* to_string(TrainingState state);
+
+struct UnitGroups {
+  Communicator* shard = nullptr;      // parameters are sharded over this group
+  Communicator* replicate = nullptr;  // gradients are then averaged over this one (Hybrid, None)
+};
+
+class Unit {
+ public:
+  Unit(std::string name, const torch::nn::Module* module, std::vector<std::string> parameter_names,
+       std::vector<torch::Tensor> parameters, UnitGroups groups, const FSDPOptions& options);
+
+  const std::string& name() const { return name_; }
+  std::string display_name() const { return name_.empty() ? "(root)" : "'" + name_ + "'"; }
+  const torch::nn::Module* module() const { return module_; }
+  FlatParameter& flat() { return flat_; }
+  const FlatParameter& flat() const { return flat_; }
+  TrainingState state() const { return state_; }
+  void set_state(TrainingState state) { state_ = state; }
+
+  // Issues the all-gather if the full parameters are not gathered or on the
+  // way. Returns whether it issued one.
+  bool start_unshard();
+  // Waits for the gather and points parameters at their full views.
+  void finish_unshard();
+  bool unshard_in_flight() const { return static_cast<bool>(gather_work_); }
+  // Points parameters at their shards; frees the full buffer unless the
+  // strategy keeps it (OptimizerOnly, one-rank groups).
+  void reshard(bool free_full);
+
+  // Post-accumulate-grad of parameter i. Returns true when it was the last
+  // gradient the unit waited for.
+  bool on_gradient_ready(size_t parameter);
+  // Moves any existing shard-shaped .grad aside before backward, so
+  // AccumulateGrad sees an empty full-shaped slot.
+  void stash_shard_gradients();
+  // Copies the (full) gradients into the flat buffer and starts reducing
+  // it; a parameter without gradient contributes zeros. With sync false,
+  // adds them to the local accumulation instead (no_sync).
+  void reduce_gradients(bool sync);
+  bool reduction_pending() const { return reduction_started_; }
+  // Waits for the reduction and sets .grad of every (shard-shaped)
+  // parameter, adding what was stashed.
+  void finish_gradients();
+
+  int64_t expected_gradients() const { return expected_gradients_; }
+
+ private:
+  std::string name_;
+  const torch::nn::Module* module_;
+  FlatParameter flat_;
+  UnitGroups groups_;
+  FSDPOptions options_;
+  TrainingState state_ = TrainingState::Idle;
+
+  WorkPtr gather_work_;
+  torch::Tensor gather_source_;  // the shard in compute dtype, alive while gathering
+
+  std::vector<char> ready_;
+  int64_t expected_gradients_ = 0;
+  int64_t ready_count_ = 0;
+  std::vector<torch::Tensor> stashed_;       // shard-shaped grads from before this backward
+  torch::Tensor unsynced_full_gradient_;     // no_sync accumulation, reduce dtype
+  bool reduction_started_ = false;
+  torch::Tensor full_gradient_;              // being reduced
+  torch::Tensor shard_gradient_;             // reduction result (reduce dtype)
+  WorkPtr reduce_work_;
+};
+
+}  // namespace dtrain::detail
