@@ -1,6 +1,7 @@
 #include "fsdp/fsdp_state.h"
 
 #include "ddp/replicas.h"
+#include "fsdp/activation_checkpoint.h"
 #include "fsdp/wrap_policy.h"
 
 #include <torch/csrc/autograd/engine.h>
@@ -258,7 +259,9 @@ torch::Tensor FSDPState::forward_unit(Unit& unit, const std::function<torch::Ten
   if (options_.forward_prefetch) prefetch(neighbour_in_order(unit, +1));
   consume(unit, inflight_gathers_);
 
-  auto output = forward(to_compute_dtype(input));
+  const auto unit_input = to_compute_dtype(input);
+  const bool checkpoint = options_.activation_checkpointing && torch::GradMode::is_enabled();
+  auto output = checkpoint ? checkpointed_forward(forward, unit_input) : forward(unit_input);
   unit.set_state(TrainingState::ForwardDone);
   hook_outputs(unit, output);
   if (reshard_after_forward(unit)) unit.reshard(/*free_full=*/true);

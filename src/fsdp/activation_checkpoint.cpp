@@ -1,0 +1,92 @@
+#include "fsdp/activation_checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace dtrain::detail {
+namespace {
+
+class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
+                               const std::shared_ptr<UnitForward>& unit_forward) {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    torch::Tensor rng_state;
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      rng_state = generator.get_state();
+    }
+    ctx->save_for_backward({input});
+    ctx->saved_data["rng_state"] = rng_state;
+    {
+      std::lock_guard<std::mutex> lock(pending_mutex());
+      pending().push_back(unit_forward);
+      ctx->saved_data["forward"] = static_cast<int64_t>(pending().size() - 1);
+    }
+    torch::NoGradGuard no_grad;
+    return (*unit_forward)(input);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto input = ctx->get_saved_variables()[0];
+    const auto index = static_cast<size_t>(ctx->saved_data["forward"].toInt());
+    std::shared_ptr<UnitForward> unit_forward;
+    {
+      std::lock_guard<std::mutex> lock(pending_mutex());
+      unit_forward = pending().at(index);
+      pending()[index].reset();
+    }
+
+    auto generator = at::detail::getDefaultCPUGenerator();
+    torch::Tensor current;
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      current = generator.get_state();
+      generator.set_state(ctx->saved_data["rng_state"].toTensor());
+    }
+    auto replay_input = input.detach().requires_grad_(input.requires_grad());
+    torch::Tensor output;
+    {
+      torch::AutoGradMode enable_grad(true);
+      output = (*unit_forward)(replay_input);
+    }
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(current);
+    }
+    torch::autograd::backward({output}, {grads[0]});
+    return {input.requires_grad() ? replay_input.grad() : torch::Tensor(), torch::Tensor()};
+  }
+
+  // The forwards of checkpointed calls whose backward has not run, by index.
+  // (AutogradContext::saved_data holds IValues, which cannot hold a
+  // std::function.) Entries are dropped when their backward runs; the list
+  // is cleared when no entry is pending. Backward may run on another thread.
+  static std::vector<std::shared_ptr<UnitForward>>& pending() {
+    static std::vector<std::shared_ptr<UnitForward>> forwards;
+    return forwards;
+  }
+  static std::mutex& pending_mutex() {
+    static std::mutex mutex;
+    return mutex;
+  }
+};
+
+}  // namespace
+
+torch::Tensor checkpointed_forward(const UnitForward& forward, const torch::Tensor& input) {
+  {
+    std::lock_guard<std::mutex> lock(CheckpointFunction::pending_mutex());
+    auto& pending = CheckpointFunction::pending();
+    if (std::all_of(pending.begin(), pending.end(), [](const auto& f) { return !f; })) pending.clear();
+  }
+  return CheckpointFunction::apply(input, std::make_shared<UnitForward>(forward));
+}
+
+}  // namespace dtrain::detail
