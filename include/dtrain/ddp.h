@@ -46,7 +46,7 @@ struct DDPOptions {
   // before each forward made through DDP.
   bool broadcast_buffers = true;
   // How buckets are averaged (dtrain/comm_hooks.h); null = plain all-reduce.
-  CommHookPtr comm_hook;
+  CommHookPtr comm_hook{};
 };
 
 // What the last synchronised backward pass cost.

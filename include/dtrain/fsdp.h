@@ -69,19 +69,19 @@ struct WrapPolicy {
   // Sequential, are units.
   bool declared = true;
   // Also: modules whose name() is one of these (e.g. "GPTBlockImpl").
-  std::vector<std::string> module_types;
+  std::vector<std::string> module_types{};
   // Also: modules owning at least this many parameters (0: off).
   int64_t min_parameters = 0;
   // Also: these modules, by qualified name ("blocks.0").
-  std::vector<std::string> module_names;
+  std::vector<std::string> module_names{};
 };
 
 struct FSDPOptions {
   Sharding strategy = Sharding::Full;
   // Hybrid only: ranks per sharding group; must divide the world size.
   int hybrid_group_size = 0;
-  WrapPolicy wrap;
-  MixedPrecision mixed_precision;
+  WrapPolicy wrap{};
+  MixedPrecision mixed_precision{};
   bool forward_prefetch = true;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;
   // All-gathers issued ahead and not yet consumed (bounds prefetch memory).
