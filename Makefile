@@ -20,15 +20,20 @@ build: setup
 test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 600
 
-# Until `dtrain train` exists the demo is a collectives run across local ranks.
+# A byte-level GPT (0.8M parameters) learns the fortunes corpus on the local
+# cores (FSDP over min(4, cores) ranks): about 3 minutes on a 2-core machine.
+# The loss falls from 5.5 to about 1.7 and three samples print at the end.
 demo: build
-	$(BUILD)/bin/dtrain bench collectives --nproc 2 --max-bytes 16777216
+	$(BUILD)/bin/dtrain train --model gpt --strategy fsdp --gpt-layers 4 --gpt-dim 128 --gpt-heads 4 --seq-len 128 \
+	    --batch-size 16 --steps 2000 --lr 3e-3 --warmup 100 --grad-clip 1 --eval-every 500 --log-every 100 \
+	    --metrics $(BUILD)/demo-metrics.jsonl
 
 # Results land in bench/results/ and, by hand with the command, in docs/PERFORMANCE.md.
 bench: build
 	@mkdir -p bench/results
 	$(BUILD)/bin/dtrain bench collectives --nproc 2 --backend mpi --json bench/results/collectives-mpi-np2.json
 	$(BUILD)/bin/dtrain bench collectives --nproc 2 --backend c10d --max-bytes 16777216 --json bench/results/collectives-c10d-np2.json
+	BUILD=$(BUILD) bench/ddp.sh
 
 asan:
 	@BUILD_DIR=$(ASAN_BUILD) scripts/setup

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Runs a command that is expected to fail, promptly and with a given message.
 
-    python3 tests/expect_failure.py --within SECONDS [--expect REGEX]... \
+    python3 tests/expect_failure.py --within SECONDS [--exit-code N] [--expect REGEX]... \
         [--reject REGEX]... -- COMMAND [ARGS]...
 
-Passes (exit 0) only if COMMAND exits non-zero within SECONDS and its combined
-stdout+stderr matches every --expect REGEX (re.search, multiline) and no
---reject REGEX. The command runs in its own process group, which is killed if
-it is still running SECONDS + 10 s after the start. What the command printed is
-echoed, and on failure the reasons are listed.
+Passes (exit 0) only if COMMAND exits non-zero (with code N, if given) within
+SECONDS and its combined stdout+stderr matches every --expect REGEX
+(re.search, multiline) and no --reject REGEX. The command runs in its own
+process group, which is killed if it is still running SECONDS + 10 s after the
+start. What the command printed is echoed, and on failure the reasons are
+listed.
 """
 
 import argparse
@@ -32,6 +33,7 @@ def kill_group(process):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--within", type=float, required=True, help="seconds the command may take to fail")
+    parser.add_argument("--exit-code", type=int, metavar="N", help="the exit code the command must return")
     parser.add_argument("--expect", action="append", default=[], metavar="REGEX",
                         help="must match the combined output (repeatable)")
     parser.add_argument("--reject", action="append", default=[], metavar="REGEX",
@@ -76,6 +78,8 @@ def main():
         problems.append("still running after %.0f s: killed its process group" % (args.within + KILL_GRACE_S))
     elif process.returncode == 0:
         problems.append("exited with code 0, expected a failure")
+    elif args.exit_code is not None and process.returncode != args.exit_code:
+        problems.append("exited with code %d, expected %d" % (process.returncode, args.exit_code))
     if elapsed > args.within:
         problems.append("took %.1f s, more than the allowed %.1f s" % (elapsed, args.within))
     for pattern in expects:

@@ -146,6 +146,14 @@ int supervise(std::vector<Child>& children, int grace_seconds) {
 
 bool running_as_root() { return geteuid() == 0; }
 
+// mpirun gives each rank a pseudo-terminal as stdout, even when the job's
+// output goes to a file, so a rank cannot tell whether a person watches.
+// DTRAIN_PROGRESS_LIVE=1|0 says it (dtrain train's live progress line); a
+// value the user set is kept.
+void tell_ranks_whether_stdout_is_a_terminal() {
+  setenv("DTRAIN_PROGRESS_LIVE", isatty(STDOUT_FILENO) == 1 ? "1" : "0", /*overwrite=*/0);
+}
+
 // Like execvp's lookup: a name with a slash is a path, else it is searched on PATH.
 bool find_executable(const std::string& name) {
   if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0;
@@ -191,7 +199,7 @@ int launch_mpi(const LaunchOptions& options, int threads) {
   if (!options.hosts.empty()) args.insert(args.end(), {"--host", options.hosts});
   for (const auto& [name, value] : thread_env(threads)) args.insert(args.end(), {"-x", name + "=" + value});
   // Forward dtrain's own settings to every rank (mpirun only passes what -x names to remote hosts).
-  for (const char* name : {"DTRAIN_TIMEOUT", "DTRAIN_DEBUG"})
+  for (const char* name : {"DTRAIN_TIMEOUT", "DTRAIN_DEBUG", "DTRAIN_PROGRESS_LIVE"})
     if (std::getenv(name)) args.insert(args.end(), {"-x", name});
   // Containers often forbid the cross-process memory attach (CMA) that the
   // shared-memory transport uses for large messages; copy-in/copy-out works everywhere.
@@ -258,6 +266,7 @@ int launch(const LaunchOptions& options) {
     local_ranks = std::min(local_ranks, most);
   }
   const int threads = options.threads_per_rank > 0 ? options.threads_per_rank : default_threads_per_rank(local_ranks);
+  tell_ranks_whether_stdout_is_a_terminal();
   install_forwarding_handlers();
   return options.backend == "mpi" ? launch_mpi(options, threads) : launch_c10d_local(options, threads);
 }

@@ -1,7 +1,11 @@
 // The dtrain command line. Each subcommand lives in its own file; this one
 // only declares flags and dispatches.
 #include "bench_collectives.h"
+#include "bench_ddp.h"
+#include "bench_fsdp.h"
 #include "launch.h"
+#include "plan.h"
+#include "train.h"
 
 #include "dtrain/comm.h"
 
@@ -48,6 +52,50 @@ int main(int argc, char** argv) {
   collectives_cmd->add_option("--max-bytes", bench.max_bytes, "Largest message in bytes (default 256 MiB)")
       ->check(CLI::Range(int64_t{4} << 10, int64_t{4} << 30));
 
+  dtrain::cli::BenchDDPOptions bench_ddp;
+  auto* ddp_cmd = bench_cmd->add_subcommand("ddp", "Step time of dtrain DDP vs no communication and a naive all-reduce");
+  ddp_cmd->add_option("--nproc", bench_ddp.nproc, "Number of ranks")->check(CLI::PositiveNumber);
+  ddp_cmd->add_option("--backend", bench_ddp.backend, "mpi or c10d")->check(CLI::IsMember({"mpi", "c10d"}));
+  ddp_cmd->add_option("--model", bench_ddp.model, "mlp (communication-bound), gpt (compute-bound) or all")
+      ->check(CLI::IsMember({"mlp", "gpt", "all"}));
+  ddp_cmd->add_option("--steps", bench_ddp.steps, "Timed steps per mode per round (default: mlp 20, gpt 4)")
+      ->check(CLI::NonNegativeNumber);
+  ddp_cmd->add_option("--rounds", bench_ddp.rounds, "Rounds in which the modes take turns")->check(CLI::PositiveNumber);
+  ddp_cmd->add_option("--warmup", bench_ddp.warmup, "Untimed steps per mode first")->check(CLI::NonNegativeNumber);
+  ddp_cmd->add_option("--json", bench_ddp.json_path, "Also write the results as JSON to this path");
+
+  dtrain::cli::BenchFSDPOptions bench_fsdp;
+  auto* fsdp_cmd = bench_cmd->add_subcommand(
+      "fsdp", "Per-rank peak memory of DDP, ZeRO-1/2 and full sharding next to dtrain plan; FSDP vs DDP step time");
+  fsdp_cmd->add_option("--parts", bench_fsdp.parts, "memory, speed (comma-separated)")
+      ->delimiter(',')->check(CLI::IsMember({"memory", "speed"}))->capture_default_str();
+  fsdp_cmd->add_option("--world-sizes", bench_fsdp.world_sizes, "Memory part: world sizes (comma-separated)")
+      ->delimiter(',')->check(CLI::Range(1, 64))->capture_default_str();
+  fsdp_cmd->add_option("--strategies", bench_fsdp.strategies, "Memory part: ddp, zero1, zero2, fsdp (comma-separated)")
+      ->delimiter(',')->check(CLI::IsMember({"ddp", "zero1", "zero2", "fsdp"}))->capture_default_str();
+  fsdp_cmd->add_option("--backend", bench_fsdp.backend, "mpi or c10d")->check(CLI::IsMember({"mpi", "c10d"}));
+  fsdp_cmd->add_option("--memory-steps", bench_fsdp.memory_steps,
+                       "Memory part: steps per run (the first builds the optimizer state; the peak is over the rest)")
+      ->check(CLI::Range(2, 100))->capture_default_str();
+  fsdp_cmd->add_option("--max-job-gib", bench_fsdp.max_job_gib,
+                       "Memory part: skip runs whose ranks together are planned to need more (GiB)")
+      ->check(CLI::Range(0.1, 1e6))->capture_default_str();
+  fsdp_cmd->add_option("--speed-steps", bench_fsdp.speed_steps, "Speed part: timed steps per mode per round")
+      ->check(CLI::Range(1, 1000))->capture_default_str();
+  fsdp_cmd->add_option("--rounds", bench_fsdp.rounds, "Speed part: rounds in which the modes take turns")
+      ->check(CLI::Range(1, 1000))->capture_default_str();
+  fsdp_cmd->add_option("--warmup", bench_fsdp.warmup, "Speed part: untimed steps per mode first")
+      ->check(CLI::Range(0, 1000))->capture_default_str();
+  fsdp_cmd->add_option("--json", bench_fsdp.json_path, "Also write the results as JSON to this path");
+  fsdp_cmd->add_option("--job", bench_fsdp.job, "(internal) the part a launched job runs")
+      ->check(CLI::IsMember({"memory", "speed"}))->group("");
+  fsdp_cmd->add_option("--job-json", bench_fsdp.job_json, "(internal) where the job writes its results")->group("");
+
+  dtrain::cli::PlanFlags plan_flags;
+  auto* plan_cmd = dtrain::cli::add_plan_subcommand(app, plan_flags);
+
+  auto* train_cmd = dtrain::cli::add_train_subcommand(app);
+
   std::vector<std::string> program_after_dashes;
   if (argc > 1 && std::string(argv[1]) == "launch") {
     for (int i = 2; i < argc; ++i) {
@@ -67,6 +115,9 @@ int main(int argc, char** argv) {
                    "dtrain launch -n N [options] -- PROGRAM [ARGS...]" << std::endl;
     return code == 0 ? 0 : 2;
   }
+
+  // train parses its own arguments (apps/dtrain/train.cpp) and reports its own errors.
+  if (train_cmd->parsed()) return dtrain::cli::train_main(train_cmd->remaining());
 
   try {
     if (launch_cmd->parsed()) {
@@ -89,6 +140,25 @@ int main(int argc, char** argv) {
       if (!bench.json_path.empty()) job.command.insert(job.command.end(), {"--json", bench.json_path});
       return dtrain::cli::launch(job);
     }
+    if (ddp_cmd->parsed()) {
+      if (inside_launched_job()) return dtrain::cli::bench_ddp_rank(bench_ddp);
+      // Re-run this command as the ranks of a job, one intra-op thread per
+      // rank so that ranks x threads fit the cores and every mode computes alike.
+      dtrain::cli::LaunchOptions job;
+      job.nproc = bench_ddp.nproc;
+      job.backend = bench_ddp.backend;
+      job.threads_per_rank = 1;
+      job.command = {dtrain::cli::self_executable(), "bench", "ddp", "--backend", bench_ddp.backend,
+                     "--model", bench_ddp.model, "--steps", std::to_string(bench_ddp.steps),
+                     "--rounds", std::to_string(bench_ddp.rounds), "--warmup", std::to_string(bench_ddp.warmup)};
+      if (!bench_ddp.json_path.empty()) job.command.insert(job.command.end(), {"--json", bench_ddp.json_path});
+      return dtrain::cli::launch(job);
+    }
+    if (fsdp_cmd->parsed()) {
+      if (inside_launched_job()) return dtrain::cli::bench_fsdp_rank(bench_fsdp);
+      return dtrain::cli::bench_fsdp(bench_fsdp);
+    }
+    if (plan_cmd->parsed()) return dtrain::cli::plan_main(plan_flags);
   } catch (const std::invalid_argument& error) {
     std::cerr << "dtrain: " << error.what() << std::endl;
     return 2;

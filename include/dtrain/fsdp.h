@@ -150,12 +150,12 @@ class FullyShardedBase {
   // gradients (not the optimizer's state, which lives in the optimizer).
   int64_t sharded_parameter_bytes() const;
 
- protected:
+  // For callers that do not know the root's type (FullyShardedDataParallel
+  // uses these): runs `forward` as the root call; a Sequential root's
+  // children as units; floating inputs cast to the mixed-precision
+  // param_dtype (other arguments pass through).
   torch::Tensor forward_root(const std::function<torch::Tensor()>& forward);
-  // A Sequential root: each child runs as a unit (if it is one).
   torch::Tensor forward_sequential(const torch::Tensor& input);
-  // Floating tensors are cast to the mixed-precision param_dtype; other
-  // arguments pass through.
   torch::Tensor compute_input(const torch::Tensor& input) const;
   template <class T>
     requires(!std::is_same_v<std::decay_t<T>, torch::Tensor>)

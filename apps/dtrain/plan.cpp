@@ -1,0 +1,228 @@
+#include "plan.h"
+
+#include "dtrain/plan.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+
+namespace dtrain::cli {
+namespace {
+
+// "must be >= 1, got '0'" (CLI11 2.1's PositiveNumber spells its range up to DBL_MAX).
+CLI::Validator at_least(int64_t bound) {
+  return CLI::Validator(
+      [bound](std::string& value) -> std::string {
+        int64_t number = 0;
+        const bool ok = CLI::detail::lexical_cast(value, number) && number >= bound;
+        return ok ? "" : "must be an integer >= " + std::to_string(bound) + ", got '" + value + "'";
+      },
+      ">= " + std::to_string(bound));
+}
+
+std::string human(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  char text[32];
+  if (b >= 1024.0 * 1024 * 1024) std::snprintf(text, sizeof text, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  else if (b >= 1024.0 * 1024) std::snprintf(text, sizeof text, "%.1f MiB", b / (1024.0 * 1024));
+  else if (b >= 1024.0) std::snprintf(text, sizeof text, "%.1f KiB", b / 1024.0);
+  else std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
+  return text;
+}
+
+nlohmann::json to_json(const plan::MemoryBreakdown& m) {
+  return {{"parameters", m.parameters},           {"gathered_parameters", m.gathered_parameters},
+          {"gradients", m.gradients},             {"reduction_buffers", m.reduction_buffers},
+          {"optimizer_state", m.optimizer_state}, {"activations", m.activations},
+          {"total", m.total()}};
+}
+
+struct Resolved {
+  plan::ModelSpec model;
+  plan::PlanOptions options;
+  int64_t global_batch = 0;
+  std::string optimizer;
+};
+
+Resolved resolve(const PlanFlags& f) {
+  Resolved r;
+  const bool gpt = f.model == "gpt";
+  r.global_batch = f.batch_size > 0 ? f.batch_size : (gpt ? 32 : 128);
+  if (r.global_batch < f.nproc)
+    throw std::invalid_argument("--batch-size " + std::to_string(r.global_batch) +
+                                " is the global batch and must be at least --nproc (" + std::to_string(f.nproc) +
+                                ": every rank needs a sample)");
+  // DistributedSampler: the first B % N ranks get one sample more; plan the busiest.
+  const int64_t per_rank = (r.global_batch + f.nproc - 1) / f.nproc;
+
+  plan::set_strategy(r.options, f.strategy);
+  r.options.world_size = f.nproc;
+  if (f.rank >= f.nproc)
+    throw std::invalid_argument("--rank " + std::to_string(f.rank) + " is outside --nproc " + std::to_string(f.nproc) +
+                                " (ranks are 0.." + std::to_string(f.nproc - 1) + ")");
+  r.options.rank = f.rank;
+  if (f.strategy == "hsdp") {
+    if (f.hybrid_group_size == 0)
+      throw std::invalid_argument("--strategy hsdp needs --hybrid-group-size G: ranks per sharding group, "
+                                  "a divisor of --nproc");
+    if (f.nproc % f.hybrid_group_size != 0)
+      throw std::invalid_argument("--hybrid-group-size " + std::to_string(f.hybrid_group_size) +
+                                  " must divide --nproc " + std::to_string(f.nproc));
+    r.options.fsdp.hybrid_group_size = f.hybrid_group_size;
+  } else if (f.hybrid_group_size != 0) {
+    throw std::invalid_argument("--hybrid-group-size applies to --strategy hsdp only, not " + f.strategy);
+  }
+  const bool bf16 = f.mixed_precision == "bf16";
+  if (bf16 && f.strategy == "ddp")
+    throw std::invalid_argument("--mixed-precision bf16 is not available with --strategy ddp: DDP trains in fp32 "
+                                "(use --mixed-precision none, or a sharded strategy)");
+  // bf16 compute and all-gathers; gradients reduced in fp32 onto fp32 master shards.
+  r.options.fsdp.mixed_precision.param_dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
+  r.options.fsdp.mixed_precision.reduce_dtype = torch::kFloat32;
+  r.options.fsdp.forward_prefetch = f.forward_prefetch;
+  r.options.fsdp.backward_prefetch = f.backward_prefetch == "pre"    ? BackwardPrefetch::Pre
+                                     : f.backward_prefetch == "post" ? BackwardPrefetch::Post
+                                                                     : BackwardPrefetch::None;
+  r.options.fsdp.max_inflight_all_gathers = f.max_inflight_all_gathers;
+  r.optimizer = f.optimizer.empty() ? (gpt ? "adamw" : "sgd") : f.optimizer;
+  r.options.optimizer = r.optimizer == "adamw" ? plan::Optimizer::AdamW
+                        : f.momentum > 0       ? plan::Optimizer::SGDMomentum
+                                               : plan::Optimizer::SGD;
+
+  const auto compute = r.options.fsdp.mixed_precision.param_dtype;
+  if (f.model == "gpt") {
+    models::GPTConfig config;
+    config.n_layer = f.gpt_layers;
+    config.n_embd = f.gpt_dim;
+    config.n_head = f.gpt_heads;
+    config.seq_len = f.seq_len;
+    if (f.gpt_dim % f.gpt_heads != 0)
+      throw std::invalid_argument("--gpt-heads " + std::to_string(f.gpt_heads) + " must divide --gpt-dim " +
+                                  std::to_string(f.gpt_dim));
+    r.model = plan::describe_gpt(config, per_rank, compute);
+  } else if (f.model == "mlp") {
+    r.model = plan::describe_mlp(f.mlp_hidden, per_rank, compute);
+  } else {
+    r.model = plan::describe_cnn(per_rank, compute);
+  }
+  return r;
+}
+
+void print(const Resolved& r, const plan::Plan& p) {
+  const auto& model = r.model;
+  std::printf("dtrain plan: %s\n", model.description.c_str());
+  std::printf("  %.2fM parameters in %zu unit(s)%s\n", model.parameter_count() / 1e6, model.units.size(),
+              model.units.size() == 1 ? " (the whole model is the root unit)" : " (the root and one per block)");
+  const bool ddp = p.strategy == "ddp";
+  std::printf("  strategy %s, %d rank(s)", p.strategy.c_str(), p.world_size);
+  if (!ddp) std::printf(", shard group %d", p.shard_group_size);
+  std::printf(", batch %lld per rank (global %lld), %s, %s\n", static_cast<long long>(model.batch_per_rank),
+              static_cast<long long>(r.global_batch),
+              r.options.fsdp.mixed_precision.param_dtype == torch::kBFloat16 ? "bf16 compute" : "fp32", r.optimizer.c_str());
+
+  std::printf("\nPeak memory of rank %d: %s, at %s\n", p.rank, human(p.peak.total()).c_str(), p.peak_moment.c_str());
+  auto row = [](const char* what, int64_t bytes, const char* note) {
+    std::printf("  %-22s %12s  %s\n", what, human(bytes).c_str(), note);
+  };
+  row("parameters", p.peak.parameters, ddp ? "full replica" : p.shard_group_size > 1 ? "this rank's shards" : "unsharded");
+  row("gathered parameters", p.peak.gathered_parameters, "full units all-gathered or in flight");
+  row("gradients", p.peak.gradients, "");
+  row("reduction buffers", p.peak.reduction_buffers, ddp ? "DDP buckets" : "full-size gradients being reduced");
+  row("optimizer state", p.peak.optimizer_state, "");
+  row("activations", p.peak.activations, "estimate: saved tensors, workspace, batch, logits");
+  std::printf("Between steps: %s.", human(p.between_steps.total()).c_str());
+  if (!ddp)
+    std::printf(" Largest unit gathered: %s; at most %d unit(s) gathered at once.",
+                human(p.largest_unit_gathered_bytes).c_str(), p.max_units_gathered);
+  std::printf("\n");
+
+  std::printf("\nCommunication per step (rank %d): %s handed to collectives, about %s sent (ring algorithms)\n",
+              p.rank, human(p.payload_bytes_per_step).c_str(), human(p.wire_bytes_per_step).c_str());
+  for (const auto& c : p.collectives) {
+    std::printf("  %-15s %-33s group %-3d %4lld calls %12s  sent %12s\n", c.op.c_str(), c.what.c_str(), c.group_size,
+                static_cast<long long>(c.calls), human(c.payload_bytes).c_str(), human(c.wire_bytes).c_str());
+  }
+}
+
+nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
+  nlohmann::json units = nlohmann::json::array();
+  for (const auto& u : p.units)
+    units.push_back({{"name", u.name}, {"numel", u.numel}, {"padded_numel", u.padded_numel},
+                     {"shard_numel", u.shard_numel}, {"gathered_bytes", u.gathered_bytes}});
+  nlohmann::json collectives = nlohmann::json::array();
+  for (const auto& c : p.collectives)
+    collectives.push_back({{"op", c.op}, {"what", c.what}, {"group_size", c.group_size}, {"calls", c.calls},
+                           {"payload_bytes", c.payload_bytes}, {"wire_bytes", c.wire_bytes}});
+  return {{"model", r.model.description},
+          {"parameters", r.model.parameter_count()},
+          {"strategy", p.strategy},
+          {"nproc", p.world_size},
+          {"shard_group_size", p.shard_group_size},
+          {"rank", p.rank},
+          {"batch_size", r.global_batch},
+          {"batch_per_rank", r.model.batch_per_rank},
+          {"mixed_precision", r.options.fsdp.mixed_precision.param_dtype == torch::kBFloat16 ? "bf16" : "none"},
+          {"optimizer", r.optimizer},
+          {"peak_bytes", p.peak.total()},
+          {"peak", to_json(p.peak)},
+          {"peak_moment", p.peak_moment},
+          {"between_steps", to_json(p.between_steps)},
+          {"max_units_gathered", p.max_units_gathered},
+          {"largest_unit_gathered_bytes", p.largest_unit_gathered_bytes},
+          {"units", units},
+          {"collectives", collectives},
+          {"payload_bytes_per_step", p.payload_bytes_per_step},
+          {"wire_bytes_per_step", p.wire_bytes_per_step}};
+}
+
+}  // namespace
+
+CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
+  auto* cmd = app.add_subcommand("plan", "Predict per-rank peak memory and per-step communication before running");
+  cmd->add_option("--model", f.model, "mlp | cnn | gpt")->check(CLI::IsMember({"mlp", "cnn", "gpt"}))
+      ->capture_default_str();
+  cmd->add_option("--mlp-hidden", f.mlp_hidden, "MLP hidden widths, comma-separated")
+      ->delimiter(',')->check(at_least(1))->capture_default_str();
+  cmd->add_option("--gpt-layers", f.gpt_layers, "GPT transformer blocks")->check(at_least(1))->capture_default_str();
+  cmd->add_option("--gpt-dim", f.gpt_dim, "GPT embedding width")->check(at_least(1))->capture_default_str();
+  cmd->add_option("--gpt-heads", f.gpt_heads, "GPT attention heads (must divide --gpt-dim)")->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--seq-len", f.seq_len, "GPT context length (tokens per sample)")->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--strategy", f.strategy, "ddp | zero1 | zero2 | fsdp | hsdp")
+      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "fsdp", "hsdp"}))->capture_default_str();
+  cmd->add_option("--nproc", f.nproc, "Ranks of the run (required)")->required()->check(at_least(1));
+  cmd->add_option("--hybrid-group-size", f.hybrid_group_size, "hsdp: ranks per sharding group (divides --nproc)")
+      ->check(at_least(1));
+  cmd->add_option("--batch-size", f.batch_size, "Global batch: samples per step over all ranks (default: gpt 32, else 128)")
+      ->check(at_least(1));
+  cmd->add_option("--mixed-precision", f.mixed_precision, "none | bf16 (bf16 compute and all-gathers, fp32 reduction and master shards)")
+      ->check(CLI::IsMember({"none", "bf16"}))->capture_default_str();
+  cmd->add_option("--optimizer", f.optimizer, "adamw | sgd (default: gpt adamw, else sgd)")
+      ->check(CLI::IsMember({"adamw", "sgd"}));
+  cmd->add_option("--momentum", f.momentum, "SGD momentum (0: no momentum buffer)")->capture_default_str()
+      ->check(CLI::Range(0.0, 0.999999));
+  cmd->add_option("--forward-prefetch", f.forward_prefetch, "FSDP forward prefetch: true | false")->capture_default_str();
+  cmd->add_option("--backward-prefetch", f.backward_prefetch, "FSDP backward prefetch: pre | post | none")
+      ->check(CLI::IsMember({"pre", "post", "none"}))->capture_default_str();
+  cmd->add_option("--max-inflight-all-gathers", f.max_inflight_all_gathers, "FSDP all-gathers issued ahead")
+      ->check(at_least(1))->capture_default_str();
+  cmd->add_option("--rank", f.rank, "The rank to plan (rank 0 holds the most; the last ranks hold the padding)")
+      ->check(at_least(0))->capture_default_str();
+  cmd->add_flag("--json", f.json, "Print the plan as JSON");
+  return cmd;
+}
+
+int plan_main(const PlanFlags& flags) {
+  const auto resolved = resolve(flags);
+  const auto p = plan::make_plan(resolved.model, resolved.options);
+  if (flags.json) std::cout << to_json(resolved, p).dump(2) << std::endl;
+  else print(resolved, p);
+  return 0;
+}
+
+}  // namespace dtrain::cli

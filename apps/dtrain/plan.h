@@ -1,0 +1,44 @@
+// `dtrain plan`: per-rank peak memory and per-step communication of a
+// training run, predicted before running it (include/dtrain/plan.h does
+// the arithmetic; this file is flags and printing).
+//
+//   dtrain plan --model gpt --gpt-layers 14 --gpt-dim 768 --gpt-heads 12 --seq-len 64
+//               --strategy fsdp --nproc 4 --batch-size 8 [--json]
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain::cli {
+
+struct PlanFlags {
+  std::string model = "mlp";  // mlp | cnn | gpt (as dtrain train)
+  std::vector<int64_t> mlp_hidden{256, 256};
+  int64_t gpt_layers = 4;
+  int64_t gpt_dim = 128;
+  int64_t gpt_heads = 4;
+  int64_t seq_len = 128;
+  std::string strategy = "fsdp";  // ddp | zero1 | zero2 | fsdp | hsdp
+  int nproc = 0;                  // required
+  int hybrid_group_size = 0;      // hsdp: required
+  int64_t batch_size = 0;         // global; 0: gpt 32, else 128 (as dtrain train)
+  std::string mixed_precision = "none";  // none | bf16
+  std::string optimizer;          // adamw | sgd; "": gpt adamw, else sgd (as dtrain train)
+  double momentum = 0.9;
+  bool forward_prefetch = true;
+  std::string backward_prefetch = "pre";  // pre | post | none
+  int max_inflight_all_gathers = 2;
+  int rank = 0;
+  bool json = false;
+};
+
+CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& flags);
+
+// After parsing. Throws std::invalid_argument for inconsistent flags (main
+// turns it into exit code 2).
+int plan_main(const PlanFlags& flags);
+
+}  // namespace dtrain::cli

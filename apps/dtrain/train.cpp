@@ -1,0 +1,254 @@
+#include "train.h"
+
+#include "launch.h"
+
+#include "dtrain/comm.h"
+#include "dtrain/train.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+
+namespace dtrain::cli {
+namespace {
+
+// What the flags say, before per-model defaults are filled in.
+struct TrainFlags {
+  TrainConfig config;
+  int nproc = 0;
+  std::string backend = "mpi";
+  std::string shuffle = "true";
+  std::string init_from;
+};
+
+// CLI11 2.1's PositiveNumber and NonNegativeNumber spell out a range up to
+// DBL_MAX in their messages; these say it plainly ("--lr: must be > 0, got -1").
+CLI::Validator number_above(double bound, bool inclusive) {
+  const std::string relation = inclusive ? ">= " : "> ";
+  std::string shown = std::to_string(bound);
+  shown.erase(shown.find_last_not_of('0') + 1);
+  if (shown.back() == '.') shown.pop_back();
+  return CLI::Validator(
+      [=](std::string& value) -> std::string {
+        double number = 0;
+        const bool ok = CLI::detail::lexical_cast(value, number) && (inclusive ? number >= bound : number > bound);
+        return ok ? "" : "must be " + relation + shown + ", got '" + value + "'";
+      },
+      relation + shown);
+}
+const CLI::Validator kPositive = number_above(0, false);
+const CLI::Validator kNonNegative = number_above(0, true);
+const CLI::Validator kFraction(
+    [](std::string& value) -> std::string {
+      double number = 0;
+      const bool ok = CLI::detail::lexical_cast(value, number) && number >= 0 && number < 1;
+      return ok ? "" : "must be in [0, 1), got '" + value + "'";
+    },
+    "[0, 1)");
+
+// Flags whose default depends on --model or --optimizer (see resolve_defaults).
+constexpr const char* kModelDefaults = "(default: 128 for mlp and cnn, 32 for gpt)";
+
+void declare_flags(CLI::App& app, TrainFlags& f) {
+  TrainConfig& c = f.config;
+  // A flag given twice takes its last value, so scripts can append overrides.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.set_config("--config", "", "Read flags from a TOML file (keys are flag names: model = \"gpt\", "
+                                 "gpt-layers = 4, mlp-hidden = [256, 256]); flags given on the command line win");
+  app.allow_config_extras(CLI::config_extras_mode::error);
+
+  auto* model = app.add_option_group("Model");
+  model->add_option("--model", c.model, "mlp | cnn | gpt")->check(CLI::IsMember({"mlp", "cnn", "gpt"}))
+      ->capture_default_str();
+  model->add_option("--mlp-hidden", c.mlp_hidden, "MLP hidden widths, comma-separated")
+      ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->check(kPositive)
+      ->capture_default_str();
+  model->add_option("--gpt-layers", c.gpt_layers, "GPT transformer blocks")->check(kPositive)
+      ->capture_default_str();
+  model->add_option("--gpt-dim", c.gpt_dim, "GPT embedding width")->check(kPositive)->capture_default_str();
+  model->add_option("--gpt-heads", c.gpt_heads, "GPT attention heads (must divide --gpt-dim)")
+      ->check(kPositive)->capture_default_str();
+  model->add_option("--seq-len", c.seq_len, "GPT context length in bytes (the training windows' length)")
+      ->check(kPositive)->capture_default_str();
+  model->add_option("--dropout", c.dropout, "Dropout probability")->check(kFraction)
+      ->capture_default_str();
+
+  auto* data = app.add_option_group("Data");
+  data->add_option("--data", c.data,
+                   "fashion-mnist | text:PATH (a text file or folder) "
+                   "(default: fashion-mnist for mlp and cnn, text:/usr/share/games/fortunes for gpt)")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            if (value == "fashion-mnist" || (value.rfind("text:", 0) == 0 && value.size() > 5)) return "";
+            return "'" + value + "' is not one of: fashion-mnist, text:PATH";
+          },
+          "fashion-mnist|text:PATH"));
+  data->add_option("--shuffle", f.shuffle, "Shuffle each epoch (seeded): true | false")
+      ->check(CLI::IsMember({"true", "false"}))->capture_default_str();
+
+  auto* parallel = app.add_option_group("Parallelism");
+  const auto strategies = strategy_names();
+  parallel->add_option("--strategy", c.strategy, "single | ddp | zero1 | zero2 | fsdp | hsdp")
+      ->check(CLI::IsMember(strategies))->capture_default_str();
+  parallel->add_option("--nproc", f.nproc,
+                       "Local ranks to start (default: min(4, cores); 1 for --strategy single). "
+                       "Inside a launched job the job's ranks are used.")
+      ->check(kPositive);
+  parallel->add_option("--backend", f.backend, "How the started ranks find each other: mpi | c10d")
+      ->check(CLI::IsMember({"mpi", "c10d"}))->capture_default_str();
+  parallel->add_option("--compress", c.compress, "DDP gradient compression: none | bf16 | powersgd | topk")
+      ->check(CLI::IsMember({"none", "bf16", "powersgd", "topk"}))->capture_default_str();
+  parallel->add_option("--mixed-precision", c.mixed_precision, "none | bf16 (sharded strategies; single and ddp: none)")
+      ->check(CLI::IsMember({"none", "bf16"}))->capture_default_str();
+
+  auto* length = app.add_option_group("Length");
+  auto* steps = length->add_option("--steps", c.steps, "Optimizer steps")->check(kPositive);
+  auto* epochs = length->add_option("--epochs", c.epochs, "Passes over the train split (default: 1)")
+                     ->check(kPositive);
+  steps->excludes(epochs);
+  length->add_option("--batch-size", c.batch_size, std::string("Global batch: samples per step over all ranks ") +
+                                                       kModelDefaults)
+      ->check(kPositive);
+
+  auto* optimisation = app.add_option_group("Optimisation");
+  optimisation->add_option("--optimizer", c.optimizer, "sgd | adamw (default: sgd for mlp and cnn, adamw for gpt)")
+      ->check(CLI::IsMember({"sgd", "adamw"}));
+  optimisation->add_option("--lr", c.lr, "Peak learning rate (default: sgd 0.05, adamw 0.001)")
+      ->check(kPositive);
+  optimisation->add_option("--momentum", c.momentum, "SGD momentum")->check(kFraction)
+      ->capture_default_str();
+  optimisation->add_option("--weight-decay", c.weight_decay, "Weight decay (default: sgd 0, adamw 0.01)")
+      ->check(kNonNegative);
+  optimisation->add_option("--warmup", c.warmup,
+                           "Steps of linear warmup; then the rate decays along a cosine to 10% at the last step")
+      ->check(kNonNegative)->capture_default_str();
+  optimisation->add_option("--grad-clip", c.grad_clip, "Clip the global gradient norm to this (0: off)")
+      ->check(kNonNegative)->capture_default_str();
+  optimisation->add_option("--seed", c.seed, "Seed of the initial weights, the shuffle and the samples")
+      ->capture_default_str();
+  optimisation->add_option("--init-from", f.init_from, "Initial weights from FILE.safetensors");
+
+  auto* output = app.add_option_group("Output");
+  output->add_option("--eval-every", c.eval_every, "Evaluate every K steps (0: only at the end)")
+      ->check(kNonNegative)->capture_default_str();
+  output->add_option("--log-every", c.log_every, "Progress and metrics lines every K steps")
+      ->check(kPositive)->capture_default_str();
+  output->add_option("--metrics", c.metrics_path, "Write metrics as JSON Lines to PATH (its folder must exist)");
+}
+
+bool given(const CLI::App& app, const std::string& flag) { return app.count(flag) > 0; }
+
+// Fills in the defaults that depend on other flags.
+void resolve_defaults(const CLI::App& app, TrainFlags& f) {
+  TrainConfig& c = f.config;
+  const bool gpt = c.model == "gpt";
+  if (!given(app, "--data")) c.data = gpt ? "text:/usr/share/games/fortunes" : "fashion-mnist";
+  if (!given(app, "--batch-size")) c.batch_size = gpt ? 32 : 128;
+  if (!given(app, "--optimizer")) c.optimizer = gpt ? "adamw" : "sgd";
+  const bool adamw = c.optimizer == "adamw";
+  if (!given(app, "--lr")) c.lr = adamw ? 1e-3 : 0.05;
+  if (!given(app, "--weight-decay")) c.weight_decay = adamw ? 0.01 : 0.0;
+  if (!given(app, "--steps") && !given(app, "--epochs")) c.epochs = 1;
+  c.shuffle = f.shuffle == "true";
+}
+
+int default_nproc(const TrainConfig& c) {
+  if (c.strategy == "single") return 1;
+  return std::min(4, default_threads_per_rank(1));  // the cores this process may use
+}
+
+// One rank: this process's part of the job.
+// A failure names the rank and exits non-zero; in a job of several ranks the
+// launcher then stops the others.
+int train_rank(const TrainConfig& config, const CommPtr& world) {
+  try {
+    run_training(config, world);
+    return 0;
+  } catch (const std::exception& error) {
+    const bool invalid = dynamic_cast<const std::invalid_argument*>(&error) != nullptr;
+    // One write, so that ranks failing together do not interleave their lines;
+    // the leading newline ends a live progress line.
+    const std::string message = "\ndtrain train: rank " + std::to_string(world->rank()) + ": " +
+                                (invalid ? "" : "error: ") + error.what() + "\n";
+    std::cout << std::flush;
+    std::cerr << message << std::flush;
+    return invalid ? 2 : 1;
+  }
+}
+
+}  // namespace
+
+CLI::App* add_train_subcommand(CLI::App& app) {
+  auto* train = app.add_subcommand("train", "Train a model (mlp, cnn, gpt) on local ranks or as ranks of a launched job");
+  // The arguments go to train_main, which parses them with their own
+  // CLI::App: CLI11 reads --config files only for the app it parses.
+  train->prefix_command();
+  train->set_help_flag();
+  return train;
+}
+
+int train_main(const std::vector<std::string>& args) {
+  CLI::App app{"Train a model on local ranks (--nproc N) or as the ranks of a launched job", "dtrain train"};
+  TrainFlags flags;
+  declare_flags(app, flags);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes a vector last argument first
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ConfigError& error) {
+    std::cerr << "dtrain train: --config: " << error.what()
+              << " (the keys are flag names without the leading --, e.g. batch-size = 64)" << std::endl;
+    return 2;
+  } catch (const CLI::FileError& error) {
+    std::cerr << "dtrain train: --config: " << error.what() << std::endl;
+    return 2;
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;  // --help: 0; usage errors: 2
+  }
+  resolve_defaults(app, flags);
+  TrainConfig& config = flags.config;
+
+  try {
+    if (!flags.init_from.empty())
+      throw std::invalid_argument("--init-from needs the checkpoint issue's safetensors reader; not available yet");
+    if (backend_from_environment() != "self") {
+      // One rank of a job that a launcher (dtrain launch, mpirun, torchrun) started.
+      auto world = init();
+      if (given(app, "--nproc") && flags.nproc != world->size())
+        throw std::invalid_argument("--nproc " + std::to_string(flags.nproc) + " disagrees with the job's " +
+                                    std::to_string(world->size()) + " ranks; leave --nproc out inside a launched job");
+      // Set by dtrain launch: under mpirun a rank's stdout is a pseudo-terminal
+      // even when the job's output goes to a file.
+      if (const char* live = std::getenv("DTRAIN_PROGRESS_LIVE")) config.live_progress = std::string(live) == "1";
+      return train_rank(config, world);
+    }
+    const int nproc = given(app, "--nproc") ? flags.nproc : default_nproc(config);
+    if (config.strategy == "single" && nproc > 1)
+      throw std::invalid_argument("--strategy single trains one process; --nproc " + std::to_string(nproc) +
+                                  " needs a data-parallel strategy such as --strategy ddp");
+    // Every check that needs no data, before any rank starts.
+    check_train_config(config, nproc);
+    if (nproc == 1) {
+      at::set_num_threads(default_threads_per_rank(1));  // all cores (DTRAIN_THREADS_PER_RANK overrides in init)
+      return train_rank(config, init());
+    }
+    // Start nproc ranks of this command; each finds itself inside the job.
+    LaunchOptions job;
+    job.nproc = nproc;
+    job.backend = flags.backend;
+    job.command = {self_executable(), "train"};
+    job.command.insert(job.command.end(), args.begin(), args.end());
+    return launch(job);
+  } catch (const std::invalid_argument& error) {
+    std::cerr << "dtrain train: " + std::string(error.what()) + "\n" << std::flush;  // one write per line
+    return 2;
+  } catch (const std::exception& error) {
+    std::cerr << "dtrain train: error: " + std::string(error.what()) + "\n" << std::flush;
+    return 1;
+  }
+}
+
+}  // namespace dtrain::cli

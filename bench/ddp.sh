@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# DDP at world size 2: dtrain (`dtrain bench ddp`) next to PyTorch's own DDP
+# (bench/peers/ddp_peer.py under torchrun), in one command.
+#
+#   bench/ddp.sh [--steps N] [--rounds N] [--warmup N]    (passed to both sides)
+#
+# For each model the two sides run back to back, so each comparison is taken
+# minutes apart at most; both print their tables, then bench/ddp_compare.py
+# prints the combined one. JSON goes to bench/results/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+RESULTS=bench/results
+
+# The pinned torch wheel's virtual environment (scripts/setup), found from the
+# LibTorch prefix the build recorded: <venv>/lib/python3.X/site-packages/torch/share/cmake.
+torch_prefix=$(cat "$BUILD/.torch-prefix")
+venv=${torch_prefix%%/lib/python*}
+[[ -x "$venv/bin/torchrun" ]] || { echo "bench/ddp.sh: no torchrun in $venv/bin (run make build)" >&2; exit 1; }
+# The wheel's venv has no NumPy; torch warns about that once per rank.
+export PYTHONWARNINGS="ignore:Failed to initialize NumPy"
+
+mkdir -p "$RESULTS"
+files=()
+for model in mlp gpt; do
+  "$BUILD/bin/dtrain" bench ddp --nproc 2 --model "$model" "$@" --json "$RESULTS/ddp-$model-dtrain-np2.json"
+  # One intra-op thread per rank, as dtrain's ranks get.
+  OMP_NUM_THREADS=1 "$venv/bin/torchrun" --standalone --nproc-per-node 2 bench/peers/ddp_peer.py \
+    --model "$model" "$@" --json "$RESULTS/ddp-$model-pytorch-np2.json"
+  files+=("$RESULTS/ddp-$model-dtrain-np2.json" "$RESULTS/ddp-$model-pytorch-np2.json")
+done
+echo
+"$venv/bin/python" bench/ddp_compare.py --json "$RESULTS/ddp-np2.json" "${files[@]}"

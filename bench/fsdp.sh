@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# FSDP: `dtrain bench fsdp` (memory scaling against `dtrain plan`, then step
+# time of full sharding vs DDP at world size 2), then PyTorch's FSDP2 on the
+# same speed workload (bench/peers/fsdp_peer.py under torchrun), then the two
+# side by side (bench/fsdp_compare.py). About 10 minutes on 2 cores.
+#
+#   bench/fsdp.sh [dtrain bench fsdp options]      e.g. --world-sizes 1,2,4
+#
+# JSON goes to bench/results/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+RESULTS=bench/results
+
+# The pinned torch wheel's virtual environment (scripts/setup), found from the
+# LibTorch prefix the build recorded: <venv>/lib/python3.X/site-packages/torch/share/cmake.
+torch_prefix=$(cat "$BUILD/.torch-prefix")
+venv=${torch_prefix%%/lib/python*}
+[[ -x "$venv/bin/torchrun" ]] || { echo "bench/fsdp.sh: no torchrun in $venv/bin (run make build)" >&2; exit 1; }
+# The wheel's venv has no NumPy; torch warns about that once per rank.
+export PYTHONWARNINGS="ignore:Failed to initialize NumPy"
+
+mkdir -p "$RESULTS"
+"$BUILD/bin/dtrain" bench fsdp "$@" --json "$RESULTS/fsdp-dtrain.json"
+# One intra-op thread per rank, as dtrain's ranks get.
+OMP_NUM_THREADS=1 "$venv/bin/torchrun" --standalone --nproc-per-node 2 bench/peers/fsdp_peer.py \
+  --json "$RESULTS/fsdp-gpt-pytorch-np2.json"
+"$venv/bin/python" bench/fsdp_compare.py "$RESULTS/fsdp-dtrain.json" "$RESULTS/fsdp-gpt-pytorch-np2.json" \
+  --json "$RESULTS/fsdp-np2-compare.json"

@@ -1,0 +1,36 @@
+// Memory accounting per rank: the CPU analogue of
+// torch.cuda.max_memory_allocated, and the process's peak resident set.
+//
+//   dtrain::memory::install_tracking_allocator();   // once, before the tensors to count
+//   ... train ...
+//   dtrain::memory::peak_bytes();                   // most tensor bytes live at once
+//
+// The tracking allocator wraps LibTorch's default CPU allocator (installed
+// with c10::SetCPUAllocator): every CPU tensor allocated after installing it
+// is counted while it lives, in every thread (the compute thread, the
+// communicator's thread, intra-op workers). Tensors allocated before
+// installing it are not counted, and freeing them does not change the counts.
+#pragma once
+
+#include <cstdint>
+
+namespace dtrain::memory {
+
+// Installs the tracking allocator as the process's CPU allocator. Idempotent
+// and thread-safe; it stays installed for the life of the process.
+void install_tracking_allocator();
+bool tracking_allocator_installed();
+
+// Bytes of CPU tensor storage allocated through the tracking allocator and
+// not yet freed.
+int64_t live_bytes();
+// The most live_bytes() has been since installing or the last reset_peak().
+int64_t peak_bytes();
+// Starts a new peak window at the current live bytes.
+void reset_peak();
+
+// The process's peak resident set size (VmHWM in /proc/self/status), in
+// bytes; 0 where the kernel does not report it.
+int64_t peak_rss_bytes();
+
+}  // namespace dtrain::memory

@@ -1,0 +1,172 @@
+// Memory and communication planning: what one rank will hold at its peak,
+// and what it will send per step, before anything is allocated.
+//
+//   auto model = dtrain::plan::describe_gpt(config, /*batch_per_rank=*/2, torch::kFloat32);
+//   dtrain::plan::PlanOptions options;
+//   options.engine = dtrain::plan::Engine::FSDP;
+//   options.fsdp.strategy = dtrain::Sharding::Full;
+//   options.world_size = 4;
+//   auto plan = dtrain::plan::make_plan(model, options);
+//   plan.peak.total();            // bytes at this rank's busiest moment
+//   plan.wire_bytes_per_step;     // what it sends per optimizer step
+//
+// The model is a list of units with parameter sizes and activation sizes
+// (describe_* compute them from the configuration with formulas, never by
+// building the model). make_plan replays one steady-state training step
+// (forward, backward, optimizer step) event by event as the engines run it,
+// adding and removing bytes, and reports the largest moment with its
+// breakdown. How each term follows the engine's code: Note [memory plan] in
+// src/plan/simulate_step.cpp. `dtrain plan` is the command line over this.
+#pragma once
+
+#include <dtrain/fsdp.h>
+#include <dtrain/models.h>
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain::plan {
+
+// ------------------------------------------------------------ the model
+
+struct ParameterSpec {
+  std::string name;  // as in module->named_parameters()
+  int64_t numel = 0;
+};
+
+// One FSDP unit: a module whose parameters are gathered and reduced together
+// (a GPT block), or the root (every parameter outside the other units).
+struct UnitSpec {
+  std::string name;  // qualified module name; "" for the root
+  std::vector<ParameterSpec> parameters;  // registration order (the flat buffer's order)
+  // Bytes the unit's forward saves for its backward at the planned batch
+  // (for the root: what it saves before its first child runs, e.g. the
+  // embeddings' sum).
+  int64_t activation_bytes = 0;
+  // Transient bytes on top of those when its backward starts (gradients of
+  // activations, kernels' scratch).
+  int64_t backward_workspace_bytes = 0;
+  // Elements of its parameters' gradients already computed when that
+  // workspace peaks (CNN: the linear layers', before the convolutions').
+  int64_t gradients_at_workspace_peak = 0;
+  // Transient bytes when its backward ends: its activations are gone, its
+  // parameters' gradients not yet final (GPT root: the embeddings' backward).
+  int64_t backward_end_workspace_bytes = 0;
+
+  int64_t numel() const;
+};
+
+struct ModelSpec {
+  std::string description;       // e.g. "gpt: 14 layers, dim 768, 12 heads, seq_len 64, vocab 256"
+  std::vector<UnitSpec> units;   // units[0] is the root, then the others in forward order
+  int64_t batch_per_rank = 0;
+  int64_t input_bytes = 0;       // one rank's batch (inputs and targets)
+  int64_t root_tail_activation_bytes = 0;  // saved by the root after its last child (GPT: ln_f, head)
+  // Gradients the root's tail backward produces that stay until the root's
+  // own backward ends (GPT: ln_f's, and the head's contribution to wte's
+  // gradient, which autograd holds until the embedding adds its own).
+  int64_t root_tail_gradient_bytes = 0;
+  int64_t output_bytes = 0;      // the root's output, held by the caller until the step ends
+  int64_t loss_bytes = 0;        // saved by the loss for backward (log-softmax)
+  int64_t buffer_bytes = 0;      // module buffers (BatchNorm statistics), replicated on every rank
+
+  int64_t parameter_count() const;
+};
+
+// GPT as dtrain::models::GPT builds it: the root holds wte, wpe and ln_f,
+// and each block (a dtrain::Sharded<GPTBlock>) is a unit. Activations for
+// batch_per_rank windows of config.seq_len tokens computed in compute_dtype.
+ModelSpec describe_gpt(const models::GPTConfig& config, int64_t batch_per_rank, torch::ScalarType compute_dtype);
+// MLP and CNN as dtrain::models builds them. Their root module is not a
+// torch::nn::Sequential and holds no Sharded<> children, so under the default
+// wrap policy the whole model is one unit: the root.
+ModelSpec describe_mlp(const std::vector<int64_t>& hidden_sizes, int64_t batch_per_rank,
+                       torch::ScalarType compute_dtype);
+ModelSpec describe_cnn(int64_t batch_per_rank, torch::ScalarType compute_dtype);
+
+// ------------------------------------------------------------ the run
+
+enum class Engine {
+  DDP,   // dtrain::DistributedDataParallel (default DDPOptions)
+  FSDP,  // dtrain::fully_shard with `fsdp` options
+};
+
+enum class Optimizer {
+  AdamW,        // two fp32 states per parameter element (exp_avg, exp_avg_sq)
+  SGDMomentum,  // one (momentum buffer)
+  SGD,          // none
+};
+
+struct PlanOptions {
+  Engine engine = Engine::FSDP;
+  FSDPOptions fsdp;  // strategy, hybrid_group_size, mixed precision, prefetch, max_inflight_all_gathers
+  Optimizer optimizer = Optimizer::AdamW;
+  int world_size = 1;
+  // The rank to plan. Ranks differ only in how much of the padding their
+  // shards hold (the last ranks hold it, and optimizer state skips it);
+  // rank 0 holds the most.
+  int rank = 0;
+};
+
+// Bytes by what they hold.
+struct MemoryBreakdown {
+  int64_t parameters = 0;           // the rank's own copy: shards (FSDP) or the full replica (DDP)
+  int64_t gathered_parameters = 0;  // units' full parameters (all-gathered or in flight) and gather sources
+  int64_t gradients = 0;            // .grad tensors: full-size while a unit's backward produces them, then shards
+  int64_t reduction_buffers = 0;    // full-size gradient buffers of FSDP reductions; DDP's buckets
+  int64_t optimizer_state = 0;
+  int64_t activations = 0;          // saved for backward, backward workspace, inputs, output and loss
+
+  int64_t total() const;
+};
+
+struct UnitPlan {
+  std::string name;
+  int64_t numel = 0;
+  int64_t padded_numel = 0;  // a multiple of the sharding group size
+  int64_t shard_numel = 0;
+  int64_t gathered_bytes = 0;  // its full parameters in the compute dtype (0 when never gathered)
+};
+
+// One kind of collective in one step.
+struct Collective {
+  std::string op;    // all_gather | reduce_scatter | all_reduce | broadcast
+  std::string what;  // "parameters, forward", ...
+  int group_size = 1;
+  int64_t calls = 0;
+  int64_t payload_bytes = 0;  // the buffers' size: the full tensor for all-gather / reduce-scatter / all-reduce
+  // What this rank sends with ring algorithms: (G-1)/G of the payload for
+  // all-gather and reduce-scatter, 2(G-1)/G for all-reduce.
+  int64_t wire_bytes = 0;
+};
+
+struct Plan {
+  std::string strategy;  // ddp | zero1 | zero2 | fsdp | hsdp | none
+  int world_size = 1;
+  int shard_group_size = 1;
+  int rank = 0;
+  MemoryBreakdown peak;    // at the busiest moment of a steady-state step
+  std::string peak_moment; // e.g. "backward: 'blocks.0' reduces its gradients"
+  MemoryBreakdown between_steps;  // after zero_grad, before the next forward
+  int max_units_gathered = 0;     // at once (full buffers allocated), over the step
+  int64_t largest_unit_gathered_bytes = 0;
+  std::vector<UnitPlan> units;
+  std::vector<Collective> collectives;
+  int64_t payload_bytes_per_step = 0;
+  int64_t wire_bytes_per_step = 0;
+};
+
+// Throws std::invalid_argument for options the engines reject (a hybrid
+// group that does not divide the world, a rank outside it, ...).
+Plan make_plan(const ModelSpec& model, const PlanOptions& options);
+
+// "ddp" | "zero1" | "zero2" | "fsdp" | "hsdp" (the names `dtrain train`
+// uses) into engine and strategy; throws std::invalid_argument naming the
+// allowed values.
+void set_strategy(PlanOptions& options, const std::string& name);
+std::string strategy_name(const PlanOptions& options);
+
+}  // namespace dtrain::plan

@@ -1,0 +1,107 @@
+// Training runs: what `dtrain train` does on every rank, as a library call.
+//
+//   auto world = dtrain::init(argc, argv);
+//   dtrain::TrainConfig config;          // model, data, strategy, optimizer, schedule, ...
+//   config.model = "gpt";
+//   config.data = "text:/usr/share/games/fortunes";
+//   config.strategy = "ddp";
+//   auto result = dtrain::run_training(config, world);   // every rank calls it
+//
+// Every rank builds the same model (torch::manual_seed(seed) first), wraps it
+// for the strategy, and trains on its part of each global batch
+// (data::DistributedSampler). The loss it reports is the global batch's mean
+// loss, identical on every rank, and the result is the same, up to floating-
+// point rounding, for any number of ranks (see Note [global batch loss] in
+// src/train/trainer.cpp). Rank 0 prints progress and writes the metrics file.
+#pragma once
+
+#include <dtrain/comm.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+struct TrainConfig {
+  // ---- model
+  std::string model = "mlp";  // mlp | cnn | gpt
+  std::vector<int64_t> mlp_hidden{256, 256};
+  int64_t gpt_layers = 4;
+  int64_t gpt_dim = 128;
+  int64_t gpt_heads = 4;
+  int64_t seq_len = 128;
+  double dropout = 0.0;
+
+  // ---- data: "fashion-mnist" (mlp, cnn) or "text:PATH" (gpt; a file or a folder)
+  std::string data = "fashion-mnist";
+  std::string fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
+  bool shuffle = true;
+
+  // ---- parallelism: see strategy_names(); compress applies to ddp
+  std::string strategy = "ddp";
+  std::string compress = "none";  // none | bf16 | powersgd | topk
+  std::string mixed_precision = "none";
+
+  // ---- length: exactly one of steps and epochs is positive
+  int64_t steps = 0;
+  int64_t epochs = 0;
+  int64_t batch_size = 128;  // global: samples per step over all ranks
+
+  // ---- optimisation
+  std::string optimizer = "sgd";  // sgd | adamw
+  double lr = 0.05;
+  double momentum = 0.9;
+  double weight_decay = 0.0;
+  int64_t warmup = 0;       // steps of linear warmup; then cosine decay to 10% of lr
+  double grad_clip = 0.0;   // global gradient norm limit; 0 = no clipping
+  uint64_t seed = 0;
+
+  // ---- evaluation and output
+  int64_t eval_every = 0;   // steps between evaluations; 0 = only at the end
+  int64_t eval_windows = 256;  // GPT: validation windows per evaluation (the split's first ones)
+  int64_t log_every = 10;
+  std::string metrics_path;  // JSON Lines; "" = none
+  bool print = true;         // rank 0 prints progress and results
+  // A live progress line rewritten in place, or plain lines every log_every
+  // steps; unset: live when stdout is a terminal.
+  std::optional<bool> live_progress;
+  int64_t samples = 3;       // GPT: generated samples printed at the end
+  int64_t sample_bytes = 200;
+  std::string sample_prompt = "The ";
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  std::vector<double> losses;  // per step: the global batch's mean loss
+  double loss = 0;             // the last step's
+  std::optional<double> eval_loss;      // the final evaluation's
+  std::optional<double> eval_accuracy;  // classification only
+  int world_size = 1;
+  double step_time_s_median = 0;
+  // Tracking allocator's peak (dtrain/memory.h) while training, datasets not counted.
+  std::vector<int64_t> peak_memory_bytes_per_rank;
+  int64_t peak_memory_bytes = 0;  // max over ranks
+  int64_t peak_rss_bytes = 0;     // max over ranks (VmHWM)
+  std::vector<std::string> samples;  // GPT: generated text (whole bytes, prompt included)
+};
+
+// Runs the training described by `config` on this rank of `world`; every
+// rank of `world` must call it with the same config. Throws
+// std::invalid_argument for a config it cannot run (naming the field),
+// std::runtime_error for data that cannot be read.
+TrainResult run_training(const TrainConfig& config, CommPtr world);
+
+// Throws std::invalid_argument when `config` cannot train on `world_size`
+// ranks, naming the setting as `dtrain train` spells it (--batch-size, ...)
+// and what it accepts. Checks that the data and the metrics file's folder
+// exist, without reading the data. run_training() calls it first.
+void check_train_config(const TrainConfig& config, int world_size);
+
+// The values TrainConfig::strategy may name, in the order to show them, and
+// whether this build can train with one yet.
+std::vector<std::string> strategy_names();
+bool strategy_available(const std::string& strategy);
+
+}  // namespace dtrain

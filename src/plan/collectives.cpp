@@ -1,0 +1,93 @@
+// What one rank hands to collectives in one step, and what it sends.
+//
+// Payload: the size of the buffer each collective works on (the gathered
+// buffer for all-gather, the full gradient for reduce-scatter, the bucket
+// for all-reduce), as DDPStepStats::bytes_sent counts for DDP. Wire bytes:
+// what this rank sends with ring algorithms, (G-1)/G of the payload for
+// all-gather and reduce-scatter and 2(G-1)/G for all-reduce; MPI and Gloo
+// pick other algorithms for some sizes, which move as much or more.
+#include "plan/plan_internal.h"
+
+#include <dtrain/ddp.h>
+
+#include <string>
+
+namespace dtrain::plan::detail {
+namespace {
+
+int64_t wire(const std::string& op, int group, int64_t payload) {
+  if (group <= 1) return 0;
+  const int64_t share = payload / group * (group - 1);
+  return op == "all_reduce" ? 2 * share : share;
+}
+
+void add(Plan& plan, const std::string& op, const std::string& what, int group, int64_t payload) {
+  for (auto& c : plan.collectives) {
+    if (c.op == op && c.what == what && c.group_size == group) {
+      ++c.calls;
+      c.payload_bytes += payload;
+      c.wire_bytes += wire(op, group, payload);
+      return;
+    }
+  }
+  plan.collectives.push_back({op, what, group, 1, payload, wire(op, group, payload)});
+}
+
+// DDP's buckets (src/ddp/bucket_assignment.cpp with the default caps):
+// parameters from last to first, a bucket closed when the next parameter
+// would take it over its cap.
+void add_ddp_buckets(const ModelSpec& model, const Layout& layout, Plan& plan) {
+  const DDPOptions defaults;
+  std::vector<int64_t> sizes;
+  for (const auto& unit : model.units)
+    for (const auto& p : unit.parameters) sizes.push_back(p.numel * 4);
+  int64_t open = 0;
+  bool first = true;
+  auto close = [&] {
+    add(plan, "all_reduce", "gradient buckets", layout.world_size, open);
+    open = 0;
+    first = false;
+  };
+  for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
+    const int64_t cap = first ? defaults.first_bucket_cap_bytes : defaults.bucket_cap_bytes;
+    if (open > 0 && open + *it > cap) close();
+    open += *it;
+    if (open >= (first ? defaults.first_bucket_cap_bytes : defaults.bucket_cap_bytes)) close();
+  }
+  if (open > 0) close();
+}
+
+}  // namespace
+
+void count_collectives(const ModelSpec& model, const Layout& layout, Plan& plan) {
+  if (layout.ddp) {
+    add_ddp_buckets(model, layout, plan);
+    if (model.buffer_bytes > 0) add(plan, "broadcast", "buffers from rank 0", layout.world_size, model.buffer_bytes);
+  } else {
+    const int G = layout.group_size;
+    const bool gathers = !(G == 1 && layout.compute_bytes == layout.master_bytes);
+    const bool regather = layout.strategy == Sharding::Full || layout.strategy == Sharding::Hybrid;
+    for (size_t u = 0; u < model.units.size(); ++u) {
+      if (model.units[u].parameters.empty()) continue;
+      const auto flat = flat_layout(model.units[u], layout);
+      if (gathers) {
+        add(plan, "all_gather", "parameters, forward", G, flat.padded * layout.compute_bytes);
+        if (regather && u != 0) add(plan, "all_gather", "parameters, backward", G, flat.padded * layout.compute_bytes);
+      }
+      if (layout.strategy == Sharding::OptimizerOnly) {
+        add(plan, "all_reduce", "gradients", G, flat.padded * layout.reduce_bytes);
+      } else {
+        add(plan, "reduce_scatter", "gradients", G, flat.padded * layout.reduce_bytes);
+      }
+      if (layout.replicas > 1) {
+        add(plan, "all_reduce", "gradient shards across replicas", layout.replicas, flat.shard * layout.reduce_bytes);
+      }
+    }
+  }
+  for (const auto& c : plan.collectives) {
+    plan.payload_bytes_per_step += c.payload_bytes;
+    plan.wire_bytes_per_step += c.wire_bytes;
+  }
+}
+
+}  // namespace dtrain::plan::detail

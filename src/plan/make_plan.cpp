@@ -1,0 +1,120 @@
+// make_plan: options checked and resolved, then the step replayed
+// (simulate_step.cpp) and its collectives counted (collectives.cpp).
+#include "plan/plan_internal.h"
+
+#include <c10/core/ScalarType.h>
+
+#include <map>
+#include <stdexcept>
+#include <string>
+
+namespace dtrain::plan {
+
+int64_t MemoryBreakdown::total() const {
+  return parameters + gathered_parameters + gradients + reduction_buffers + optimizer_state + activations;
+}
+
+void set_strategy(PlanOptions& options, const std::string& name) {
+  static const std::map<std::string, Sharding> sharded = {
+      {"zero1", Sharding::OptimizerOnly}, {"zero2", Sharding::GradOp}, {"fsdp", Sharding::Full},
+      {"hsdp", Sharding::Hybrid}};
+  if (name == "ddp") {
+    options.engine = Engine::DDP;
+    return;
+  }
+  auto it = sharded.find(name);
+  if (it == sharded.end())
+    throw std::invalid_argument("unknown strategy '" + name + "'; allowed: ddp, zero1, zero2, fsdp, hsdp");
+  options.engine = Engine::FSDP;
+  options.fsdp.strategy = it->second;
+}
+
+std::string strategy_name(const PlanOptions& options) {
+  if (options.engine == Engine::DDP) return "ddp";
+  switch (options.fsdp.strategy) {
+    case Sharding::OptimizerOnly: return "zero1";
+    case Sharding::GradOp: return "zero2";
+    case Sharding::Full: return "fsdp";
+    case Sharding::Hybrid: return "hsdp";
+    case Sharding::None: return "none";
+  }
+  return "?";
+}
+
+namespace {
+
+detail::Layout resolve(const PlanOptions& options) {
+  if (options.world_size < 1)
+    throw std::invalid_argument("plan: the world size must be at least 1, got " + std::to_string(options.world_size));
+  if (options.rank < 0 || options.rank >= options.world_size)
+    throw std::invalid_argument("plan: rank " + std::to_string(options.rank) + " is outside a world of " +
+                                std::to_string(options.world_size));
+  if (options.fsdp.max_inflight_all_gathers < 1)
+    throw std::invalid_argument("plan: max_inflight_all_gathers must be at least 1");
+  detail::Layout layout;
+  layout.ddp = options.engine == Engine::DDP;
+  layout.strategy = options.fsdp.strategy;
+  layout.world_size = options.world_size;
+  layout.rank = options.rank;
+  layout.optimizer_states = options.optimizer == Optimizer::AdamW ? 2 : options.optimizer == Optimizer::SGDMomentum ? 1 : 0;
+  if (layout.ddp) {
+    layout.group_size = 1;
+    layout.replicas = options.world_size;
+    return layout;
+  }
+  const auto& mp = options.fsdp.mixed_precision;
+  for (auto dtype : {mp.param_dtype, mp.reduce_dtype, mp.output_dtype}) {
+    if (!c10::isFloatingType(dtype))
+      throw std::invalid_argument("plan: mixed precision dtypes must be floating point");
+  }
+  layout.compute_bytes = static_cast<int64_t>(c10::elementSize(mp.param_dtype));
+  layout.reduce_bytes = static_cast<int64_t>(c10::elementSize(mp.reduce_dtype));
+  const int world = options.world_size, rank = options.rank;
+  switch (options.fsdp.strategy) {  // FSDPState::build_groups
+    case Sharding::Full:
+    case Sharding::GradOp:
+    case Sharding::OptimizerOnly:
+      layout.group_size = world;
+      layout.group_rank = rank;
+      break;
+    case Sharding::None:
+      layout.group_size = 1;
+      layout.replicas = world;
+      break;
+    case Sharding::Hybrid: {
+      const int group = options.fsdp.hybrid_group_size;
+      if (group < 1 || world % group != 0)
+        throw std::invalid_argument("plan: the hybrid group size must divide the world size " + std::to_string(world) +
+                                    " (got " + std::to_string(group) + ")");
+      layout.group_size = group;
+      layout.group_rank = rank % group;
+      layout.replicas = world / group;
+      break;
+    }
+  }
+  return layout;
+}
+
+}  // namespace
+
+Plan make_plan(const ModelSpec& model, const PlanOptions& options) {
+  if (model.units.empty()) throw std::invalid_argument("plan: the model has no units (units[0] must be the root)");
+  const auto layout = resolve(options);
+  Plan plan;
+  plan.strategy = strategy_name(options);
+  plan.world_size = layout.world_size;
+  plan.shard_group_size = layout.group_size;
+  plan.rank = layout.rank;
+  for (const auto& unit : model.units) {
+    const auto flat = detail::flat_layout(unit, layout);
+    const bool gathered = !layout.ddp && !unit.parameters.empty() &&
+                          !(layout.group_size == 1 && layout.compute_bytes == layout.master_bytes);
+    plan.units.push_back(
+        {unit.name, flat.numel, flat.padded, flat.shard, gathered ? flat.padded * layout.compute_bytes : 0});
+  }
+  detail::simulate_step(model, layout, options.fsdp, plan);
+  detail::count_collectives(model, layout, plan);
+  return plan;
+}
+
+}  // namespace dtrain::plan

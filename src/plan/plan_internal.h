@@ -1,0 +1,42 @@
+// The parts of make_plan (include/dtrain/plan.h), one file each.
+#pragma once
+
+#include "dtrain/plan.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain::plan::detail {
+
+// What the planner needs to know of the run, resolved from PlanOptions.
+struct Layout {
+  bool ddp = false;
+  Sharding strategy = Sharding::Full;
+  int world_size = 1;
+  int rank = 0;
+  int group_size = 1;       // ranks the parameters are sharded over
+  int group_rank = 0;       // this rank's index in its sharding group
+  int replicas = 1;         // copies of each shard (Hybrid: world / group; None: world)
+  int64_t master_bytes = 4;   // the parameters' own dtype (fp32)
+  int64_t compute_bytes = 4;  // mixed_precision.param_dtype
+  int64_t reduce_bytes = 4;   // mixed_precision.reduce_dtype
+  int optimizer_states = 2;   // fp32 tensors per parameter element
+};
+
+// A unit's flat buffer as FlatParameter lays it out for `layout`
+// (src/fsdp/flat_parameter.cpp).
+struct FlatLayout {
+  int64_t numel = 0, padded = 0, shard = 0;
+  std::vector<int64_t> local_counts;  // per parameter: its elements inside this rank's shard
+};
+FlatLayout flat_layout(const UnitSpec& unit, const Layout& layout);
+
+// Replays one steady-state step; fills peak, peak_moment, between_steps,
+// max_units_gathered and largest_unit_gathered_bytes.
+void simulate_step(const ModelSpec& model, const Layout& layout, const FSDPOptions& fsdp, Plan& plan);
+
+// Fills collectives, payload_bytes_per_step and wire_bytes_per_step.
+void count_collectives(const ModelSpec& model, const Layout& layout, Plan& plan);
+
+}  // namespace dtrain::plan::detail

@@ -1,0 +1,401 @@
+// One training step replayed as the engines run it, counting bytes.
+//
+// Note [memory plan]
+// A steady-state step (the optimizer state exists, .grad was set to none by
+// the previous zero_grad) is replayed event by event: each allocation adds
+// to one category of MemoryBreakdown, each free removes, and the largest
+// total at any marked moment is the plan's peak. The events mirror the code,
+// so a change there must be mirrored here (tests/plan and
+// `dtrain bench fsdp` compare the result with the tracking allocator):
+// - FSDP (src/fsdp/fsdp_state.cpp, unit.cpp, flat_parameter.cpp):
+//   * a unit's shard is padded/G elements of the master dtype, its full
+//     buffer padded elements of the compute dtype; a one-rank group in the
+//     master dtype gathers nothing (the full buffer is the shard);
+//   * forward: the root is gathered first and kept until its own backward
+//     ends; each other unit is gathered when entered, the next one in
+//     forward order is prefetched while fewer than max_inflight_all_gathers
+//     gathers are outstanding, and Full/Hybrid free it after its forward;
+//     GradOp and OptimizerOnly keep it;
+//   * backward (pre prefetch): entering a unit gathers it again if freed and
+//     prefetches the previous one; its parameters' gradients arrive in the
+//     compute dtype at full size; after the last one the unit allocates a
+//     zeroed full-size buffer in the reduce dtype, copies the gradients in
+//     (freeing them), and reduce-scatters it into a new shard-sized buffer
+//     (OptimizerOnly: all-reduces it in place); then it frees its full
+//     parameters (OptimizerOnly keeps them, across steps too);
+//   * the full-size reduction buffers stay alive until the end-of-backward
+//     callback waits for every reduction (Unit::finish_gradients); there the
+//     shard gradient becomes .grad (OptimizerOnly: a view into the full
+//     buffer, which therefore lives until zero_grad);
+//   * optimizer state is allocated per parameter piece, so a shard's
+//     padding has none.
+// - DDP (src/ddp/reducer.cpp): the full replica, one zeroed bucket buffer
+//   per parameter element made at construction, .grad at full size (copied
+//   into its bucket, all-reduced in place, copied back).
+// - Activations: each unit's saved tensors are added in forward and
+//   removed during its backward (ModelSpec, src/plan/describe_model.cpp).
+//   The root runs first and last: its tail (after its children) is undone
+//   first, and the gradients that tail produces stay until the root's own
+//   backward ends.
+// - Optimizer step: AdamW computes sqrt(exp_avg_sq) / bias-correction into
+//   two temporaries of one parameter's size; SGD allocates none.
+#include "plan/plan_internal.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace dtrain::plan::detail {
+namespace {
+
+using Field = int64_t MemoryBreakdown::*;
+
+class Timeline {
+ public:
+  void add(Field field, int64_t bytes) { now_.*field += bytes; }
+  void remove(Field field, int64_t bytes) {
+    now_.*field -= bytes;
+    if (now_.*field < 0) throw std::logic_error("plan: negative bytes in the memory replay (a bug in dtrain plan)");
+  }
+  // A candidate for the peak.
+  void mark(const std::string& moment) {
+    if (now_.total() > peak_.total() || peak_moment_.empty()) {
+      peak_ = now_;
+      peak_moment_ = moment;
+    }
+  }
+  // A transient that lives only at this moment.
+  void mark_with(Field field, int64_t bytes, const std::string& moment) {
+    add(field, bytes);
+    mark(moment);
+    remove(field, bytes);
+  }
+  const MemoryBreakdown& now() const { return now_; }
+  const MemoryBreakdown& peak() const { return peak_; }
+  const std::string& peak_moment() const { return peak_moment_; }
+
+ private:
+  MemoryBreakdown now_, peak_;
+  std::string peak_moment_;
+};
+
+std::string display(const UnitSpec& unit) { return unit.name.empty() ? "the root" : "'" + unit.name + "'"; }
+
+int64_t optimizer_temporary_bytes(const Layout& layout, int64_t largest_piece) {
+  return layout.optimizer_states == 2 ? 2 * largest_piece * 4 : 0;  // AdamW's sqrt and its quotient
+}
+
+// ---------------------------------------------------------------- FSDP
+
+struct UnitState {
+  FlatLayout flat;
+  bool full_is_shard = false;
+  bool allocated = false;  // the full buffer has bytes
+  bool in_flight = false;  // an all-gather was issued and not waited for
+  bool using_full = false;
+};
+
+class FSDPReplay {
+ public:
+  FSDPReplay(const ModelSpec& model, const Layout& layout, const FSDPOptions& options, Plan& plan)
+      : model_(model), layout_(layout), options_(options), plan_(plan) {
+    for (const auto& unit : model_.units) {
+      UnitState state;
+      state.flat = flat_layout(unit, layout_);
+      state.full_is_shard = unit.parameters.empty() ||
+                            (layout_.group_size == 1 && layout_.compute_bytes == layout_.master_bytes);
+      // OptimizerOnly never frees a gathered buffer: from the previous step on it is there.
+      state.allocated = !state.full_is_shard && !free_after_backward();
+      units_.push_back(state);
+    }
+  }
+
+  void run() {
+    int64_t largest_piece = 0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      const auto& flat = units_[u].flat;
+      t_.add(&MemoryBreakdown::parameters, flat.shard * layout_.master_bytes);
+      for (int64_t count : flat.local_counts) {
+        t_.add(&MemoryBreakdown::optimizer_state, count * 4 * layout_.optimizer_states);
+        largest_piece = std::max(largest_piece, count);
+      }
+      if (units_[u].allocated) t_.add(&MemoryBreakdown::gathered_parameters, full_bytes(u));
+    }
+    t_.add(&MemoryBreakdown::parameters, model_.buffer_bytes);
+    count_gathered();
+    plan_.between_steps = t_.now();
+    t_.add(&MemoryBreakdown::activations, model_.input_bytes);
+    t_.mark("before forward");
+
+    forward();
+    backward();
+
+    t_.mark_with(&MemoryBreakdown::activations, optimizer_temporary_bytes(layout_, largest_piece),
+                 "optimizer step");
+    plan_.peak = t_.peak();
+    plan_.peak_moment = t_.peak_moment();
+  }
+
+ private:
+  bool free_after_backward() const { return layout_.strategy != Sharding::OptimizerOnly; }
+  bool reshard_after_forward(size_t u) const {
+    return u != 0 && (layout_.strategy == Sharding::Full || layout_.strategy == Sharding::Hybrid);
+  }
+  int64_t full_bytes(size_t u) const { return units_[u].flat.padded * layout_.compute_bytes; }
+  // The shard cast to the compute dtype for the gather (shard.to() copies
+  // only when the dtypes differ).
+  int64_t gather_source_bytes(size_t u) const {
+    return layout_.compute_bytes == layout_.master_bytes ? 0 : units_[u].flat.shard * layout_.compute_bytes;
+  }
+
+  void count_gathered() {
+    int gathered = 0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      if (units_[u].allocated) {
+        ++gathered;
+        plan_.largest_unit_gathered_bytes = std::max(plan_.largest_unit_gathered_bytes, full_bytes(u));
+      }
+    }
+    plan_.max_units_gathered = std::max(plan_.max_units_gathered, gathered);
+  }
+
+  // Unit::start_unshard
+  bool start_unshard(size_t u) {
+    auto& unit = units_[u];
+    if (unit.in_flight || unit.using_full || unit.full_is_shard) return false;
+    if (!unit.allocated) {
+      unit.allocated = true;
+      t_.add(&MemoryBreakdown::gathered_parameters, full_bytes(u));
+    }
+    t_.add(&MemoryBreakdown::gathered_parameters, gather_source_bytes(u));
+    unit.in_flight = true;
+    count_gathered();
+    t_.mark("all-gather of " + display(model_.units[u]) + " issued");
+    return true;
+  }
+  // Unit::finish_unshard
+  void finish_unshard(size_t u) {
+    auto& unit = units_[u];
+    if (!unit.in_flight && !unit.using_full) start_unshard(u);
+    if (unit.in_flight) {
+      unit.in_flight = false;
+      t_.remove(&MemoryBreakdown::gathered_parameters, gather_source_bytes(u));
+    }
+    unit.using_full = true;
+  }
+  // Unit::reshard
+  void reshard(size_t u, bool free_full) {
+    auto& unit = units_[u];
+    if (unit.in_flight) {
+      unit.in_flight = false;
+      t_.remove(&MemoryBreakdown::gathered_parameters, gather_source_bytes(u));
+    }
+    unit.using_full = false;
+    if (free_full && unit.allocated && !unit.full_is_shard) {
+      unit.allocated = false;
+      t_.remove(&MemoryBreakdown::gathered_parameters, full_bytes(u));
+    }
+  }
+  // FSDPState::prefetch and consume
+  void prefetch(int u) {
+    if (u < 0 || inflight_ >= options_.max_inflight_all_gathers) return;
+    if (start_unshard(static_cast<size_t>(u))) ++inflight_;
+  }
+  void consume(size_t u) {
+    if (units_[u].in_flight) --inflight_;
+    finish_unshard(u);
+  }
+  // The unit run before (-1) or after (+1) u in forward order; units_[0]
+  // is the root, the rest are in forward order.
+  int neighbour(size_t u, int direction) const {
+    const int last = static_cast<int>(units_.size()) - 1;
+    if (u == 0) return direction < 0 && last >= 1 ? last : -1;
+    const int index = static_cast<int>(u) + direction;
+    return index >= 1 && index <= last ? index : -1;
+  }
+
+  void forward() {
+    for (size_t u = 0; u < units_.size(); ++u) reshard(u, free_after_backward());
+    inflight_ = 0;
+    if (start_unshard(0)) ++inflight_;
+    if (options_.forward_prefetch && units_.size() > 1) prefetch(1);
+    consume(0);
+    t_.add(&MemoryBreakdown::activations, model_.units[0].activation_bytes);
+    t_.mark("forward: the root");
+    for (size_t u = 1; u < units_.size(); ++u) {
+      if (start_unshard(u)) ++inflight_;
+      if (options_.forward_prefetch) prefetch(neighbour(u, +1));
+      consume(u);
+      t_.add(&MemoryBreakdown::activations, model_.units[u].activation_bytes);
+      t_.mark("forward: " + display(model_.units[u]));
+      if (reshard_after_forward(u)) reshard(u, true);
+    }
+    t_.add(&MemoryBreakdown::activations,
+           model_.root_tail_activation_bytes + model_.output_bytes + model_.loss_bytes);
+    t_.mark("end of forward (with the loss)");
+  }
+
+  void backward() {
+    // The loss's backward: the gradients of the log-probabilities and of the
+    // output live together, then the output's stays for the root's tail.
+    t_.add(&MemoryBreakdown::activations, model_.output_bytes);
+    t_.mark_with(&MemoryBreakdown::activations, model_.output_bytes, "backward: the loss's gradients");
+    pre_backward(0);
+    t_.remove(&MemoryBreakdown::activations,
+              model_.output_bytes + model_.loss_bytes + model_.root_tail_activation_bytes);
+    t_.add(&MemoryBreakdown::gradients, model_.root_tail_gradient_bytes);
+    std::vector<size_t> reduced;
+    for (size_t u = units_.size() - 1; u >= 1; --u) {
+      pre_backward(u);
+      unit_backward(u);
+      reduced.push_back(u);
+    }
+    unit_backward(0);
+    reduced.push_back(0);
+    finalize(reduced);
+  }
+
+  void pre_backward(size_t u) {
+    if (start_unshard(u)) ++inflight_;
+    if (options_.backward_prefetch == BackwardPrefetch::Pre) prefetch(neighbour(u, -1));
+    consume(u);
+  }
+
+  // The unit's gradients are computed, then FSDPState::on_gradient_ready's
+  // last call reduces them.
+  void unit_backward(size_t u) {
+    const auto& spec = model_.units[u];
+    const auto& flat = units_[u].flat;
+    if (spec.parameters.empty()) {  // no gradients to wait for: nothing is reduced
+      t_.remove(&MemoryBreakdown::activations, spec.activation_bytes);
+      return;
+    }
+    t_.add(&MemoryBreakdown::gradients, spec.gradients_at_workspace_peak * layout_.compute_bytes);
+    t_.mark_with(&MemoryBreakdown::activations, spec.backward_workspace_bytes, "backward: " + display(spec));
+    t_.remove(&MemoryBreakdown::gradients, spec.gradients_at_workspace_peak * layout_.compute_bytes);
+    t_.remove(&MemoryBreakdown::activations, spec.activation_bytes);
+    t_.mark_with(&MemoryBreakdown::activations, spec.backward_end_workspace_bytes,
+                 "backward: " + display(spec) + " computes its last gradients");
+    t_.add(&MemoryBreakdown::gradients, flat.numel * layout_.compute_bytes);
+    if (u == 0) t_.remove(&MemoryBreakdown::gradients, model_.root_tail_gradient_bytes);  // now part of the root's
+    // Unit::reduce_gradients
+    t_.add(&MemoryBreakdown::reduction_buffers, flat.padded * layout_.reduce_bytes);
+    t_.mark("backward: " + display(spec) + " reduces its gradients");
+    t_.remove(&MemoryBreakdown::gradients, flat.numel * layout_.compute_bytes);
+    if (layout_.strategy != Sharding::OptimizerOnly) {
+      t_.add(&MemoryBreakdown::gradients, flat.shard * layout_.reduce_bytes);
+      t_.mark("backward: " + display(spec) + " reduce-scatters");
+    }
+    reshard(u, free_after_backward());
+    if (options_.backward_prefetch == BackwardPrefetch::Post) prefetch(neighbour(u, -1));
+  }
+
+  // FSDPState::finalize_backward -> Unit::finish_gradients, in issue order.
+  void finalize(const std::vector<size_t>& reduced) {
+    for (size_t u : reduced) {
+      if (model_.units[u].parameters.empty()) continue;
+      const auto& flat = units_[u].flat;
+      const int64_t full = flat.padded * layout_.reduce_bytes;
+      const bool cast = layout_.reduce_bytes != layout_.master_bytes;
+      if (layout_.strategy == Sharding::OptimizerOnly) {
+        if (cast) {
+          t_.add(&MemoryBreakdown::gradients, flat.shard * layout_.master_bytes);
+          t_.mark("end of backward: gradients cast to the master dtype");
+          t_.remove(&MemoryBreakdown::reduction_buffers, full);
+        } else {
+          // .grad is a view into the all-reduced buffer.
+          t_.remove(&MemoryBreakdown::reduction_buffers, full);
+          t_.add(&MemoryBreakdown::gradients, full);
+        }
+        continue;
+      }
+      t_.remove(&MemoryBreakdown::reduction_buffers, full);
+      if (cast) {
+        t_.add(&MemoryBreakdown::gradients, flat.shard * layout_.master_bytes);
+        t_.mark("end of backward: gradients cast to the master dtype");
+        t_.remove(&MemoryBreakdown::gradients, flat.shard * layout_.reduce_bytes);
+      }
+    }
+  }
+
+  const ModelSpec& model_;
+  const Layout& layout_;
+  const FSDPOptions& options_;
+  Plan& plan_;
+  std::vector<UnitState> units_;
+  Timeline t_;
+  int inflight_ = 0;
+};
+
+// ---------------------------------------------------------------- DDP
+
+void replay_ddp(const ModelSpec& model, const Layout& layout, Plan& plan) {
+  Timeline t;
+  int64_t largest = 0;
+  for (const auto& unit : model.units) {
+    t.add(&MemoryBreakdown::parameters, unit.numel() * 4);
+    t.add(&MemoryBreakdown::reduction_buffers, unit.numel() * 4);  // buckets
+    t.add(&MemoryBreakdown::optimizer_state, unit.numel() * 4 * layout.optimizer_states);
+    for (const auto& p : unit.parameters) largest = std::max(largest, p.numel);
+  }
+  t.add(&MemoryBreakdown::parameters, model.buffer_bytes);
+  plan.between_steps = t.now();
+  t.add(&MemoryBreakdown::activations, model.input_bytes);
+  t.mark("before forward");
+  for (const auto& unit : model.units) {
+    t.add(&MemoryBreakdown::activations, unit.activation_bytes);
+    t.mark("forward: " + display(unit));
+  }
+  t.add(&MemoryBreakdown::activations, model.root_tail_activation_bytes + model.output_bytes + model.loss_bytes);
+  t.mark("end of forward (with the loss)");
+  t.add(&MemoryBreakdown::activations, model.output_bytes);
+  t.mark_with(&MemoryBreakdown::activations, model.output_bytes, "backward: the loss's gradients");
+  t.remove(&MemoryBreakdown::activations, model.output_bytes + model.loss_bytes + model.root_tail_activation_bytes);
+  t.add(&MemoryBreakdown::gradients, model.root_tail_gradient_bytes);
+  auto unit_backward = [&](const UnitSpec& unit) {
+    t.add(&MemoryBreakdown::gradients, unit.gradients_at_workspace_peak * 4);
+    t.mark_with(&MemoryBreakdown::activations, unit.backward_workspace_bytes, "backward: " + display(unit));
+    t.remove(&MemoryBreakdown::gradients, unit.gradients_at_workspace_peak * 4);
+    t.remove(&MemoryBreakdown::activations, unit.activation_bytes);
+    t.mark_with(&MemoryBreakdown::activations, unit.backward_end_workspace_bytes,
+                "backward: " + display(unit) + " computes its last gradients");
+    t.add(&MemoryBreakdown::gradients, unit.numel() * 4);
+    if (&unit == &model.units[0]) t.remove(&MemoryBreakdown::gradients, model.root_tail_gradient_bytes);
+    t.mark("backward: " + display(unit) + " has its gradients");
+  };
+  for (size_t u = model.units.size() - 1; u >= 1; --u) unit_backward(model.units[u]);
+  unit_backward(model.units[0]);
+  t.mark_with(&MemoryBreakdown::activations, optimizer_temporary_bytes(layout, largest), "optimizer step");
+  plan.peak = t.peak();
+  plan.peak_moment = t.peak_moment();
+}
+
+}  // namespace
+
+FlatLayout flat_layout(const UnitSpec& unit, const Layout& layout) {
+  const int64_t G = layout.group_size;
+  FlatLayout flat;
+  flat.numel = unit.numel();
+  if (unit.parameters.empty()) return flat;  // nothing to gather or reduce (FlatParameter's empty case)
+  flat.padded = (flat.numel + G - 1) / G * G;
+  if (flat.padded == 0) flat.padded = G;  // FlatParameter keeps every shard non-empty
+  flat.shard = flat.padded / G;
+  const int64_t begin = layout.group_rank * flat.shard, end = begin + flat.shard;
+  int64_t offset = 0;
+  for (const auto& p : unit.parameters) {
+    const int64_t lo = std::clamp(begin, offset, offset + p.numel), hi = std::clamp(end, offset, offset + p.numel);
+    flat.local_counts.push_back(hi - lo);
+    offset += p.numel;
+  }
+  return flat;
+}
+
+void simulate_step(const ModelSpec& model, const Layout& layout, const FSDPOptions& fsdp, Plan& plan) {
+  if (layout.ddp) {
+    replay_ddp(model, layout, plan);
+    return;
+  }
+  FSDPReplay(model, layout, fsdp, plan).run();
+}
+
+}  // namespace dtrain::plan::detail

@@ -1,0 +1,94 @@
+// check_train_config (include/dtrain/train.h): everything about a TrainConfig
+// that can be known before any data is read or any rank starts.
+#include "dtrain/train.h"
+
+#include "train/strategy.h"
+#include "train/training_data.h"
+
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+namespace {
+
+[[noreturn]] void fail(const std::string& message) { throw std::invalid_argument(message); }
+
+bool one_of(const std::string& value, const std::vector<std::string>& allowed) {
+  for (const auto& a : allowed)
+    if (value == a) return true;
+  return false;
+}
+
+void check_positive(const char* flag, int64_t value) {
+  if (value < 1) fail(std::string(flag) + " must be at least 1, got " + std::to_string(value));
+}
+
+void check_data(const TrainConfig& c) {
+  namespace fs = std::filesystem;
+  const std::string path = train::text_path(c.data);
+  if (c.data == "fashion-mnist") {
+    if (c.model == "gpt")
+      fail("--data fashion-mnist holds images, for --model mlp or cnn; --model gpt needs --data text:PATH");
+    if (!fs::is_directory(c.fashion_mnist_dir))
+      fail("Fashion-MNIST is not installed in " + c.fashion_mnist_dir +
+           " (Debian package dataset-fashion-mnist; scripts/setup installs it)");
+    return;
+  }
+  if (path.empty()) fail("--data '" + c.data + "' is not one of: fashion-mnist, text:PATH (a text file or folder)");
+  if (c.model != "gpt") fail("--data text:PATH is text, for --model gpt; --model " + c.model + " needs --data fashion-mnist");
+  std::error_code error;
+  if (!fs::exists(path, error)) fail("--data text:" + path + ": no such file or folder");
+}
+
+}  // namespace
+
+void check_train_config(const TrainConfig& c, int world_size) {
+  if (!one_of(c.model, {"mlp", "cnn", "gpt"})) fail("--model '" + c.model + "' is not one of: mlp, cnn, gpt");
+  if (c.model == "mlp") {
+    if (c.mlp_hidden.empty()) fail("--mlp-hidden needs at least one width, e.g. 256,256");
+    for (int64_t width : c.mlp_hidden) check_positive("--mlp-hidden widths", width);
+  }
+  if (c.model == "gpt") {
+    check_positive("--gpt-layers", c.gpt_layers);
+    check_positive("--gpt-dim", c.gpt_dim);
+    check_positive("--gpt-heads", c.gpt_heads);
+    check_positive("--seq-len", c.seq_len);
+    if (c.gpt_dim % c.gpt_heads != 0)
+      fail("--gpt-heads " + std::to_string(c.gpt_heads) + " must divide --gpt-dim " + std::to_string(c.gpt_dim));
+  }
+  if (!(c.dropout >= 0.0 && c.dropout < 1.0)) fail("--dropout must be in [0, 1), got " + std::to_string(c.dropout));
+  check_data(c);
+
+  train::check_strategy({.name = c.strategy, .compress = c.compress, .mixed_precision = c.mixed_precision},
+                        world_size);
+
+  if (c.steps < 0 || c.epochs < 0 || (c.steps > 0) == (c.epochs > 0))
+    fail("give exactly one of --steps N and --epochs N (N >= 1)");
+  check_positive("--batch-size", c.batch_size);
+  if (c.batch_size < world_size)
+    fail("--batch-size " + std::to_string(c.batch_size) + " is the global batch, split over " +
+         std::to_string(world_size) + " ranks: it must be at least the number of ranks");
+
+  if (!one_of(c.optimizer, {"sgd", "adamw"})) fail("--optimizer '" + c.optimizer + "' is not one of: sgd, adamw");
+  if (!(c.lr > 0.0)) fail("--lr must be positive, got " + std::to_string(c.lr));
+  if (!(c.momentum >= 0.0 && c.momentum < 1.0)) fail("--momentum must be in [0, 1), got " + std::to_string(c.momentum));
+  if (!(c.weight_decay >= 0.0)) fail("--weight-decay must be >= 0, got " + std::to_string(c.weight_decay));
+  if (c.warmup < 0) fail("--warmup must be >= 0 steps, got " + std::to_string(c.warmup));
+  if (!(c.grad_clip >= 0.0)) fail("--grad-clip must be >= 0 (0: no clipping), got " + std::to_string(c.grad_clip));
+
+  if (c.eval_every < 0) fail("--eval-every must be >= 0 (0: only at the end), got " + std::to_string(c.eval_every));
+  check_positive("--log-every", c.log_every);
+  if (c.eval_windows < world_size)
+    fail("eval_windows " + std::to_string(c.eval_windows) + " must be at least the number of ranks");
+  if (!c.metrics_path.empty()) {
+    namespace fs = std::filesystem;
+    const fs::path parent = fs::path(c.metrics_path).parent_path();
+    if (!parent.empty() && !fs::is_directory(parent))
+      fail("--metrics " + c.metrics_path + ": the folder " + parent.string() + " does not exist");
+    if (fs::is_directory(c.metrics_path)) fail("--metrics " + c.metrics_path + " is a folder; give a file path");
+  }
+}
+
+}  // namespace dtrain

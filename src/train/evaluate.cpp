@@ -1,0 +1,49 @@
+#include "train/evaluate.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <numeric>
+#include <stdexcept>
+#include <vector>
+
+namespace dtrain::train {
+
+Evaluation evaluate(Strategy& strategy, Model& model, const data::Dataset& validation, int64_t count, int64_t chunk,
+                    Communicator& world) {
+  const int world_size = world.size();
+  if (count < world_size || count > validation.size())
+    throw std::invalid_argument("evaluate: " + std::to_string(count) + " samples for " + std::to_string(world_size) +
+                                " ranks from a split of " + std::to_string(validation.size()));
+  // Equal chunks of at least 2 * world_size samples each hold at least
+  // world_size samples, so every rank has a non-empty part of every chunk.
+  chunk = std::max<int64_t>(chunk, 2 * world_size);
+  const int64_t chunks = (count + chunk - 1) / chunk;
+
+  const bool was_training = model.module->is_training();
+  model.module->eval();
+  torch::NoGradGuard no_grad;
+  double loss_sum = 0;
+  double correct = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const ShardRange in_chunk = shard_range(count, static_cast<int>(chunks), static_cast<int>(c));
+    const ShardRange mine = shard_range(in_chunk.count, world_size, world.rank());
+    std::vector<int64_t> indices(static_cast<size_t>(mine.count));
+    std::iota(indices.begin(), indices.end(), in_chunk.offset + mine.offset);
+    const data::Batch batch = validation.get_batch(indices);
+    const torch::Tensor logits = strategy.forward(batch.inputs);
+    loss_sum += per_sample_loss(logits, batch.targets).sum().item<double>();
+    if (model.classification) correct += logits.argmax(1).eq(batch.targets).sum().item<double>();
+  }
+  model.module->train(was_training);
+
+  auto totals = torch::tensor({loss_sum, correct}, torch::kFloat64);
+  world.all_reduce(totals, ReduceOp::Sum)->wait();
+  Evaluation result;
+  result.samples = count;
+  result.loss = totals[0].item<double>() / static_cast<double>(count);
+  if (model.classification) result.accuracy = totals[1].item<double>() / static_cast<double>(count);
+  return result;
+}
+
+}  // namespace dtrain::train

@@ -1,0 +1,31 @@
+// The --metrics file: JSON Lines, one object per line, written by rank 0 as
+// training goes (each line is flushed, so a reader can follow a running job).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <string>
+
+namespace dtrain::train {
+
+class MetricsWriter {
+ public:
+  // Writes nothing.
+  MetricsWriter() = default;
+  // Creates `path` afresh (an existing file is replaced). Throws
+  // std::runtime_error naming the path when it cannot be created, e.g.
+  // because its folder does not exist.
+  explicit MetricsWriter(const std::string& path);
+
+  bool enabled() const { return file_.is_open(); }
+  // Appends `record` as one line and flushes it. Non-finite numbers are
+  // written as null.
+  void write(const nlohmann::ordered_json& record);
+
+ private:
+  std::string path_;
+  std::ofstream file_;
+};
+
+}  // namespace dtrain::train

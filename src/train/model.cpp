@@ -1,0 +1,46 @@
+#include "train/model.h"
+
+#include <torch/nn/functional/loss.h>
+
+#include <stdexcept>
+
+namespace dtrain::train {
+
+Model build_model(const TrainConfig& config) {
+  Model model;
+  if (config.model == "mlp") {
+    models::MLP mlp(config.mlp_hidden, config.dropout);
+    model.module = mlp.ptr();
+    model.forward = [mlp](const torch::Tensor& x) mutable { return mlp->forward(x); };
+  } else if (config.model == "cnn") {
+    models::CNN cnn;
+    model.module = cnn.ptr();
+    model.forward = [cnn](const torch::Tensor& x) mutable { return cnn->forward(x); };
+  } else if (config.model == "gpt") {
+    models::GPTConfig gpt_config;
+    gpt_config.seq_len = config.seq_len;
+    gpt_config.n_layer = config.gpt_layers;
+    gpt_config.n_embd = config.gpt_dim;
+    gpt_config.n_head = config.gpt_heads;
+    gpt_config.dropout = config.dropout;
+    model.gpt = models::GPT(gpt_config);
+    model.module = model.gpt.ptr();
+    model.forward = [gpt = model.gpt](const torch::Tensor& x) mutable { return gpt->forward(x); };
+    model.classification = false;
+  } else {
+    throw std::invalid_argument("--model '" + config.model + "' is not one of mlp, cnn, gpt");
+  }
+  model.parameters = models::parameter_count(*model.module);
+  return model;
+}
+
+torch::Tensor per_sample_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  namespace F = torch::nn::functional;
+  const auto none = F::CrossEntropyFuncOptions().reduction(torch::kNone);
+  if (logits.dim() == 2) return F::cross_entropy(logits, targets, none);
+  const int64_t batch = logits.size(0), positions = logits.size(1);
+  auto per_position = F::cross_entropy(logits.reshape({batch * positions, logits.size(2)}), targets.reshape(-1), none);
+  return per_position.view({batch, positions}).mean(1);
+}
+
+}  // namespace dtrain::train

@@ -1,0 +1,31 @@
+#include "train/samples.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+namespace dtrain::train {
+
+std::vector<std::string> generate_samples(models::GPT& gpt, const SampleOptions& options) {
+  std::vector<int64_t> prompt(options.prompt.begin(), options.prompt.end());
+  for (auto& byte : prompt) byte &= 0xff;  // chars may be signed
+  auto prompts = torch::tensor(prompt, torch::kLong).unsqueeze(0).repeat({options.count, 1});
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
+  auto tokens = gpt->generate(prompts, options.bytes, options.temperature, /*top_k=*/0, generator).contiguous();
+  std::vector<std::string> samples;
+  for (int64_t i = 0; i < options.count; ++i) {
+    auto row = tokens[i].to(torch::kUInt8).contiguous();
+    samples.emplace_back(reinterpret_cast<const char*>(row.data_ptr<uint8_t>()), static_cast<size_t>(row.numel()));
+  }
+  return samples;
+}
+
+std::string printable(const std::string& text) {
+  std::string shown = text;
+  for (char& c : shown) {
+    const auto byte = static_cast<unsigned char>(c);
+    if ((byte < 0x20 && c != '\n' && c != '\t') || byte >= 0x7f) c = '?';
+  }
+  return shown;
+}
+
+}  // namespace dtrain::train

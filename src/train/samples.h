@@ -1,0 +1,29 @@
+// Text a trained GPT writes, for a person to judge at the end of a run.
+#pragma once
+
+#include "dtrain/models.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain::train {
+
+struct SampleOptions {
+  int64_t count = 3;
+  int64_t bytes = 200;          // new bytes per sample
+  std::string prompt = "The ";  // every sample starts from it
+  double temperature = 0.8;
+  uint64_t seed = 0;
+};
+
+// `count` continuations of the prompt, prompt included, sampled from a
+// generator seeded with `seed`: the same on every rank, so all ranks can run
+// it in step (engines that communicate in forward need that).
+std::vector<std::string> generate_samples(models::GPT& gpt, const SampleOptions& options);
+
+// The text with bytes a terminal cannot show (control bytes other than
+// newline and tab, and bytes outside ASCII) replaced by '?'.
+std::string printable(const std::string& text);
+
+}  // namespace dtrain::train

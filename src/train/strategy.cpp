@@ -1,0 +1,148 @@
+#include "train/strategy.h"
+
+#include "dtrain/comm_hooks.h"
+#include "dtrain/ddp.h"
+#include "dtrain/fsdp.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace dtrain {
+
+std::vector<std::string> strategy_names() { return {"single", "ddp", "zero1", "zero2", "fsdp", "hsdp"}; }
+
+bool strategy_available(const std::string& strategy) {
+  const auto names = strategy_names();
+  return std::find(names.begin(), names.end(), strategy) != names.end();
+}
+
+namespace train {
+namespace {
+
+std::string join(const std::vector<std::string>& values) {
+  std::string text;
+  for (const auto& value : values) text += (text.empty() ? "" : ", ") + value;
+  return text;
+}
+
+std::vector<std::string> available_strategies() {
+  std::vector<std::string> names = strategy_names();
+  std::erase_if(names, [](const std::string& name) { return !strategy_available(name); });
+  return names;
+}
+
+// One process, the whole model, no communication.
+class SingleProcess final : public Strategy {
+ public:
+  explicit SingleProcess(Model& model) : model_(model) {}
+  std::string name() const override { return "single"; }
+  torch::Tensor forward(const torch::Tensor& inputs) override { return model_.forward(inputs); }
+  std::vector<torch::Tensor> optimizer_parameters() override { return model_.module->parameters(); }
+  double clip_grad_norm(double max_norm) override {
+    return dtrain::clip_grad_norm(model_.module->parameters(), max_norm, 2.0, /*shards_across=*/nullptr);
+  }
+
+ private:
+  Model& model_;
+};
+
+// A full replica per rank; gradients averaged by DDP during backward.
+class DataParallel final : public Strategy {
+ public:
+  DataParallel(Model& model, CommPtr world, DDPOptions options)
+      : model_(model), ddp_(model.module, std::move(world), std::move(options)) {}
+  std::string name() const override { return "ddp"; }
+  torch::Tensor forward(const torch::Tensor& inputs) override {
+    ddp_.before_forward();
+    return model_.forward(inputs);
+  }
+  std::vector<torch::Tensor> optimizer_parameters() override { return ddp_.parameters(); }
+  double clip_grad_norm(double max_norm) override { return dtrain::clip_grad_norm(ddp_, max_norm); }
+
+ private:
+  Model& model_;
+  DistributedDataParallelBase ddp_;
+};
+
+// Parameters, gradients and optimizer state sharded by FSDP (zero1, zero2,
+// fsdp, hsdp): the optimizer updates this rank's shards.
+class FullySharded final : public Strategy {
+ public:
+  FullySharded(Model& model, CommPtr world, FSDPOptions options, std::string name)
+      : model_(model), fsdp_(model.module, std::move(world), std::move(options)), name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  torch::Tensor forward(const torch::Tensor& inputs) override {
+    return fsdp_.forward_root([&] { return model_.forward(fsdp_.compute_input(inputs)); });
+  }
+  std::vector<torch::Tensor> optimizer_parameters() override { return fsdp_.parameters(); }
+  double clip_grad_norm(double max_norm) override { return dtrain::clip_grad_norm(fsdp_, max_norm); }
+  models::GPT gpt_for_generation(Model& model) override {
+    if (!model.gpt) return model.gpt;
+    const auto full = fsdp_.full_state_dict(/*rank0_only=*/false);
+    models::GPT copy(model.gpt->config());
+    torch::NoGradGuard no_grad;
+    for (auto& item : copy->named_parameters()) item.value().copy_(full.at(item.key()));
+    for (auto& item : copy->named_buffers()) item.value().copy_(full.at(item.key()));
+    return copy;
+  }
+
+ private:
+  Model& model_;
+  FullyShardedBase fsdp_;
+  std::string name_;
+};
+
+// zero1 / zero2 / fsdp / hsdp as FSDP options. hsdp shards inside groups of
+// half the ranks (two replicas) when the world is even and at least 4,
+// otherwise over the whole world.
+FSDPOptions fsdp_options(const StrategyOptions& options, int world_size) {
+  FSDPOptions fsdp;
+  fsdp.strategy = options.name == "zero1"   ? Sharding::OptimizerOnly
+                  : options.name == "zero2" ? Sharding::GradOp
+                  : options.name == "hsdp"  ? Sharding::Hybrid
+                                            : Sharding::Full;
+  fsdp.hybrid_group_size = (world_size % 2 == 0 && world_size >= 4) ? world_size / 2 : world_size;
+  if (options.mixed_precision == "bf16") fsdp.mixed_precision.param_dtype = torch::kBFloat16;
+  return fsdp;
+}
+
+}  // namespace
+
+void check_strategy(const StrategyOptions& options, int world_size) {
+  const auto names = strategy_names();
+  if (std::find(names.begin(), names.end(), options.name) == names.end())
+    throw std::invalid_argument("--strategy '" + options.name + "' is not one of " + join(names));
+  if (!strategy_available(options.name))
+    throw std::invalid_argument("strategy '" + options.name + "' is not available yet (available: " +
+                                join(available_strategies()) + ")");
+  if (options.name == "single" && world_size > 1)
+    throw std::invalid_argument("--strategy single trains one process, but this job has " +
+                                std::to_string(world_size) + " ranks: use --strategy ddp (or --nproc 1)");
+  const std::vector<std::string> compressions{"none", "bf16", "powersgd", "topk"};
+  if (std::find(compressions.begin(), compressions.end(), options.compress) == compressions.end())
+    throw std::invalid_argument("--compress '" + options.compress + "' is not one of " + join(compressions));
+  if (options.compress != "none" && options.name != "ddp")
+    throw std::invalid_argument("--compress " + options.compress +
+                                " compresses DDP's gradient all-reduce: it needs --strategy ddp, not " + options.name);
+  if (options.mixed_precision != "none" && options.mixed_precision != "bf16")
+    throw std::invalid_argument("--mixed-precision '" + options.mixed_precision + "' is not one of none, bf16");
+  // Note: bf16 compute with fp32 master weights belongs to the sharded
+  // strategies (FSDP's mixed precision); single and ddp train in fp32.
+  if (options.mixed_precision == "bf16" && (options.name == "single" || options.name == "ddp"))
+    throw std::invalid_argument("--mixed-precision bf16 is not available with --strategy " + options.name +
+                                ": single and ddp train in fp32 (use --mixed-precision none)");
+}
+
+std::unique_ptr<Strategy> wrap_model(Model& model, const StrategyOptions& options, CommPtr world) {
+  check_strategy(options, world->size());
+  if (options.name == "single") return std::make_unique<SingleProcess>(model);
+  if (options.name == "ddp") {
+    DDPOptions ddp_options;
+    ddp_options.comm_hook = hooks::by_name(options.compress);
+    return std::make_unique<DataParallel>(model, std::move(world), std::move(ddp_options));
+  }
+  return std::make_unique<FullySharded>(model, world, fsdp_options(options, world->size()), options.name);
+}
+
+}  // namespace train
+}  // namespace dtrain

@@ -1,0 +1,63 @@
+// How a model is spread over the ranks (--strategy): the one place that
+// wraps a model for a data-parallel engine. The trainer sees only Strategy.
+//
+// To add a strategy: list it in strategy_names() (strategy.cpp), make
+// strategy_available() say yes, and construct it in wrap_model().
+#pragma once
+
+#include "dtrain/comm.h"
+#include "train/model.h"
+
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dtrain::train {
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual std::string name() const = 0;
+
+  // Runs the model on this rank's inputs through the engine (DDP: rank 0's
+  // buffers first). Every rank calls it the same number of times, in
+  // training and in evaluation, since engines may communicate in forward.
+  virtual torch::Tensor forward(const torch::Tensor& inputs) = 0;
+
+  // What this rank's optimizer updates: the whole model (single, ddp) or
+  // this rank's shards (sharded strategies). Call after wrap_model().
+  virtual std::vector<torch::Tensor> optimizer_parameters() = 0;
+
+  // After backward: clips the global gradient norm to max_norm and returns
+  // the norm before clipping.
+  virtual double clip_grad_norm(double max_norm) = 0;
+
+  // Applies the optimizer's update (sharded strategies: then make the
+  // updated parameters whole again where they need to be).
+  virtual void optimizer_step(torch::optim::Optimizer& optimizer) { optimizer.step(); }
+
+  // A GPT with the full trained weights for sampling, on every rank
+  // (collective for sharded strategies, which gather their shards).
+  virtual models::GPT gpt_for_generation(Model& model) { return model.gpt; }
+};
+
+struct StrategyOptions {
+  std::string name = "single";
+  std::string compress = "none";         // ddp: a comm hook (dtrain::hooks::by_name)
+  std::string mixed_precision = "none";
+};
+
+// Wraps `model` for options.name over `world`. Every rank calls it with the
+// same model (same seed). Throws std::invalid_argument for a strategy this
+// build cannot run.
+std::unique_ptr<Strategy> wrap_model(Model& model, const StrategyOptions& options, CommPtr world);
+
+// Throws std::invalid_argument when `options` cannot train on `world_size`
+// ranks: an unknown or not yet available strategy, single on more than one
+// rank, compression or mixed precision the strategy does not support.
+void check_strategy(const StrategyOptions& options, int world_size);
+
+}  // namespace dtrain::train

@@ -1,0 +1,316 @@
+// run_training (include/dtrain/train.h): the training loop every rank runs.
+//
+// Note [global batch loss]
+// Step s's global batch holds B samples; rank r of W computes a contiguous
+// part of b_r of them (data::DistributedSampler). Let S_r be the sum of rank
+// r's per-sample losses. Each rank backpropagates S_r * W / B, which is its
+// mean loss scaled by b_r * W / B. DDP averages gradients over the W ranks, so
+// every rank ends with the gradient of (1/W) * sum_r S_r * W / B
+// = sum_r S_r / B: the gradient of the global batch's mean loss, exactly what
+// one process computes on all B samples (W = 1: S / B), however unevenly B
+// splits. The loss reported is all_reduce(Sum, S_r) / B, the same number on
+// every rank. A strategy must keep this contract: after backward, each rank's
+// gradients (or gradient shards) are the average over ranks of what each
+// rank's backward produced.
+#include "dtrain/train.h"
+
+#include "dtrain/data.h"
+#include "dtrain/memory.h"
+#include "train/evaluate.h"
+#include "train/lr_schedule.h"
+#include "train/metrics.h"
+#include "train/model.h"
+#include "train/optimizer.h"
+#include "train/progress.h"
+#include "train/samples.h"
+#include "train/strategy.h"
+#include "train/training_data.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <iostream>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+
+namespace dtrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  const size_t middle = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(middle), values.end());
+  double upper = values[middle];
+  if (values.size() % 2 == 1) return upper;
+  const double lower = *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(middle));
+  return (lower + upper) / 2;
+}
+
+double mean(const std::deque<double>& values) {
+  return values.empty() ? 0 : std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
+}
+
+std::string format_parameters(int64_t n) {
+  std::ostringstream text;
+  text.precision(3);
+  if (n >= 1'000'000)
+    text << static_cast<double>(n) / 1e6 << "M";
+  else
+    text << train::format_count(n);
+  return text.str();
+}
+
+std::string per_rank_bytes(const std::vector<int64_t>& bytes) {
+  std::string text;
+  for (size_t rank = 0; rank < bytes.size(); ++rank) text += (rank == 0 ? "" : " | ") + train::format_bytes(bytes[rank]);
+  return text;
+}
+
+std::string describe_model(const TrainConfig& c) {
+  std::ostringstream text;
+  if (c.model == "mlp") {
+    text << "mlp (hidden";
+    for (size_t i = 0; i < c.mlp_hidden.size(); ++i) text << (i == 0 ? " " : ",") << c.mlp_hidden[i];
+    text << ")";
+  } else if (c.model == "gpt") {
+    text << "gpt (" << c.gpt_layers << (c.gpt_layers == 1 ? " layer" : " layers") << ", dim " << c.gpt_dim << ", " << c.gpt_heads << " heads, context "
+         << c.seq_len << ")";
+  } else {
+    text << c.model;
+  }
+  return text.str();
+}
+
+std::string format_eval(const train::Evaluation& e) {
+  std::ostringstream text;
+  text.setf(std::ios::fixed);
+  text.precision(4);
+  text << "loss " << e.loss;
+  if (e.accuracy) {
+    text.precision(2);
+    text << ", accuracy " << 100 * *e.accuracy << "%";
+  }
+  return text.str();
+}
+
+nlohmann::ordered_json eval_record(int64_t step, const train::Evaluation& e) {
+  nlohmann::ordered_json record{{"step", step}, {"eval_loss", e.loss}};
+  if (e.accuracy) record["eval_accuracy"] = *e.accuracy;
+  return record;
+}
+
+}  // namespace
+
+TrainResult run_training(const TrainConfig& config, CommPtr world) {
+  if (!world) throw std::invalid_argument("run_training: the communicator is null; pass the one dtrain::init() returned");
+  const int world_size = world->size();
+  const int rank = world->rank();
+  check_train_config(config, world_size);
+  const bool printing = config.print && rank == 0;
+  memory::install_tracking_allocator();
+  const train::TrainingData data = train::load_training_data(config);
+  data::DistributedSampler sampler({.dataset_size = data.train->size(),
+                                    .global_batch_size = config.batch_size,
+                                    .world_size = world_size,
+                                    .rank = rank,
+                                    .seed = config.seed,
+                                    .shuffle = config.shuffle});
+  const int64_t total = config.steps > 0 ? config.steps : sampler.steps_for_epochs(config.epochs);
+  // Created once the data is known to fit, so a bad run leaves an old file alone.
+  train::MetricsWriter metrics;
+  if (rank == 0 && !config.metrics_path.empty()) metrics = train::MetricsWriter(config.metrics_path);
+
+  // The peak counts what training allocates (model, gradients, optimizer
+  // state, activations, communication buffers), not the datasets.
+  const int64_t baseline = memory::live_bytes();
+  memory::reset_peak();
+  auto training_bytes = [baseline] { return std::max<int64_t>(0, memory::peak_bytes() - baseline); };
+
+  torch::manual_seed(config.seed);  // the same weights on every rank
+  train::Model model = train::build_model(config);
+  auto strategy = train::wrap_model(
+      model, {.name = config.strategy, .compress = config.compress, .mixed_precision = config.mixed_precision}, world);
+  // Dropout then draws different masks on each rank, as on different samples.
+  torch::manual_seed(config.seed + 1 + static_cast<uint64_t>(rank));
+  auto optimizer = train::make_optimizer(
+      strategy->optimizer_parameters(),
+      {.name = config.optimizer, .lr = config.lr, .momentum = config.momentum, .weight_decay = config.weight_decay});
+
+  const train::LRSchedule schedule{.peak_lr = config.lr, .warmup_steps = config.warmup, .total_steps = total};
+  const int64_t batch = config.batch_size;
+  const double units_per_step = static_cast<double>(batch * data.units_per_sample);
+  const std::string rate_key = data.unit + "_per_s";
+
+  const int64_t eval_count =
+      model.classification ? data.validation->size() : std::min(data.validation->size(), config.eval_windows);
+  // Evaluation batches about as large as training's, so the peak memory stays
+  // training's (at least 256 images, so tiny batches do not take thousands of calls).
+  const int64_t eval_chunk = model.classification ? std::max<int64_t>(batch, 256) : batch;
+  auto run_evaluation = [&] { return train::evaluate(*strategy, model, *data.validation, eval_count, eval_chunk, *world); };
+
+  if (printing) {
+    std::cout << "dtrain train: " << describe_model(config) << ", " << format_parameters(model.parameters)
+              << " parameters\n"
+              << "  data      " << data.description << "\n"
+              << "  strategy  " << config.strategy << (config.compress != "none" ? " (" + config.compress + " compression)" : "")
+              << " on " << world_size << (world_size == 1 ? " rank" : " ranks") << " (" << world->backend_name()
+              << "), " << at::get_num_threads() << (at::get_num_threads() == 1 ? " thread" : " threads")
+              << " per rank\n"
+              << "  schedule  " << total << " steps of " << batch << " samples";
+    if (config.epochs > 0) std::cout << " (" << config.epochs << (config.epochs == 1 ? " epoch" : " epochs") << ")";
+    std::cout << ", " << config.optimizer << " lr " << config.lr;
+    if (config.warmup > 0) std::cout << ", " << config.warmup << " warmup steps";
+    std::cout << ", cosine decay to " << config.lr * schedule.final_fraction << std::endl;
+  }
+
+  TrainResult result;
+  result.world_size = world_size;
+  std::vector<double> step_times;
+  std::deque<double> recent;  // the last step times, for rate and ETA
+  double window_seconds = 0;  // since the last metrics line
+  int64_t window_steps = 0;
+  std::vector<int64_t> peaks(static_cast<size_t>(world_size), 0);
+  const bool live = config.live_progress.value_or(train::ProgressLine::stdout_is_terminal());
+  train::ProgressLine progress(std::cout, printing && live, config.log_every);
+  const auto run_start = Clock::now();
+
+  model.module->train();
+  for (int64_t step = 0; step < total; ++step) {
+    const auto start = Clock::now();
+    const double lr = train::learning_rate(schedule, step);
+    train::set_learning_rate(*optimizer, lr);
+    const data::Batch part = data.train->get_batch(sampler.local_batch(step));
+    optimizer->zero_grad();
+    const torch::Tensor local_sum = train::per_sample_loss(strategy->forward(part.inputs), part.targets).sum();
+    // See Note [global batch loss].
+    (local_sum * (static_cast<double>(world_size) / static_cast<double>(batch))).backward();
+    if (config.grad_clip > 0) strategy->clip_grad_norm(config.grad_clip);
+    strategy->optimizer_step(*optimizer);
+
+    // One small all-reduce: the global loss and every rank's peak memory.
+    auto stats = torch::zeros({1 + world_size}, torch::kFloat64);
+    auto values = stats.accessor<double, 1>();
+    values[0] = local_sum.item<double>();
+    values[1 + rank] = static_cast<double>(training_bytes());
+    world->all_reduce(stats, ReduceOp::Sum)->wait();
+    const double loss = values[0] / static_cast<double>(batch);
+    for (int r = 0; r < world_size; ++r) peaks[static_cast<size_t>(r)] = static_cast<int64_t>(values[1 + r]);
+    const int64_t done = step + 1;
+    if (!std::isfinite(loss))
+      throw std::runtime_error("the loss is " + std::to_string(loss) + " at step " + std::to_string(done) +
+                               ": training diverged; try a lower --lr, more --warmup or --grad-clip");
+
+    const double step_seconds = seconds_since(start);
+    step_times.push_back(step_seconds);
+    result.losses.push_back(loss);
+    recent.push_back(step_seconds);
+    if (recent.size() > 20) recent.pop_front();
+    window_seconds += step_seconds;
+    ++window_steps;
+
+    if (printing) {
+      const double recent_step = mean(recent);
+      progress.update({.step = done,
+                       .total = total,
+                       .loss = loss,
+                       .rate = units_per_step / recent_step,
+                       .rate_unit = data.unit + "/s",
+                       .eta_s = recent_step * static_cast<double>(total - done),
+                       .peak_bytes_per_rank = peaks});
+    }
+    if (done % config.log_every == 0 || done == total) {
+      const double step_time = window_seconds / static_cast<double>(window_steps);
+      metrics.write({{"step", done},
+                     {"loss", loss},
+                     {"lr", lr},
+                     {"step_time_s", step_time},
+                     {rate_key, units_per_step / step_time}});
+      window_seconds = 0;
+      window_steps = 0;
+    }
+    if (config.eval_every > 0 && done % config.eval_every == 0 && done != total) {
+      const train::Evaluation evaluation = run_evaluation();
+      if (printing) progress.message("eval at step " + std::to_string(done) + ": " + format_eval(evaluation));
+      metrics.write(eval_record(done, evaluation));
+    }
+  }
+  progress.finish();
+  const double train_seconds = seconds_since(run_start);
+
+  // End of run: evaluate on the whole validation split (the full test set
+  // for classification) and, for the GPT, write a few samples.
+  const train::Evaluation final_eval = run_evaluation();
+  metrics.write(eval_record(total, final_eval));
+  if (model.gpt) {
+    auto gpt = strategy->gpt_for_generation(model);
+    result.samples = train::generate_samples(
+        gpt, {.count = config.samples, .bytes = config.sample_bytes, .prompt = config.sample_prompt, .seed = config.seed});
+  }
+
+  auto rss = torch::zeros({world_size}, torch::kFloat64);
+  rss[rank] = static_cast<double>(memory::peak_rss_bytes());
+  world->all_reduce(rss, ReduceOp::Sum)->wait();
+
+  result.steps = total;
+  result.loss = result.losses.empty() ? 0 : result.losses.back();
+  result.eval_loss = final_eval.loss;
+  result.eval_accuracy = final_eval.accuracy;
+  result.step_time_s_median = median(step_times);
+  result.peak_memory_bytes_per_rank = peaks;
+  result.peak_memory_bytes = *std::max_element(peaks.begin(), peaks.end());
+  result.peak_rss_bytes = static_cast<int64_t>(rss.max().item<double>());
+
+  metrics.write({{"final", true},
+                 {"steps", result.steps},
+                 {"loss", result.loss},
+                 {"eval_loss", final_eval.loss},
+                 {"eval_accuracy", final_eval.accuracy ? nlohmann::ordered_json(*final_eval.accuracy) : nlohmann::ordered_json(nullptr)},
+                 {"world_size", world_size},
+                 {"strategy", config.strategy},
+                 {"model", config.model},
+                 {"parameters", model.parameters},
+                 {"step_time_s_median", result.step_time_s_median},
+                 {"peak_memory_bytes", result.peak_memory_bytes},
+                 {"peak_memory_bytes_per_rank", result.peak_memory_bytes_per_rank},
+                 {"peak_rss_bytes", result.peak_rss_bytes}});
+
+  if (printing) {
+    std::ostringstream text;
+    text.setf(std::ios::fixed);
+    if (final_eval.accuracy) {
+      text.precision(2);
+      text << "test accuracy: " << 100 * *final_eval.accuracy << "% on " << train::format_count(eval_count)
+           << " test images (loss ";
+      text.precision(4);
+      text << final_eval.loss << ")\n";
+    } else {
+      text.precision(4);
+      text << "validation loss: " << final_eval.loss << " (" << eval_count << " windows of " << config.seq_len
+           << " bytes)\n";
+      for (size_t i = 0; i < result.samples.size(); ++i) {
+        text << "sample " << i + 1 << ":\n";
+        std::istringstream lines(train::printable(result.samples[i]));
+        for (std::string line; std::getline(lines, line);) text << "  | " << line << "\n";
+      }
+    }
+    text.precision(3);
+    text << "done: " << total << " steps in " << train::format_duration(train_seconds) << " (median step "
+         << result.step_time_s_median << " s); peak memory per rank " << per_rank_bytes(peaks) << ", peak RSS "
+         << train::format_bytes(result.peak_rss_bytes) << "\n";
+    std::cout << text.str() << std::flush;
+  }
+  return result;
+}
+
+}  // namespace dtrain

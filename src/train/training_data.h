@@ -1,0 +1,31 @@
+// The data of a training run (--data fashion-mnist|text:PATH): its train and
+// validation splits, loaded whole into memory.
+#pragma once
+
+#include "dtrain/data.h"
+#include "dtrain/train.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace dtrain::train {
+
+struct TrainingData {
+  std::unique_ptr<data::Dataset> train;
+  // Fashion-MNIST: the 10,000 test images. Text: the corpus's last 10%, in
+  // non-overlapping windows.
+  std::unique_ptr<data::Dataset> validation;
+  // What one sample holds for throughput figures: 1 image, or seq_len tokens.
+  int64_t units_per_sample = 1;
+  std::string unit = "samples";  // "samples" or "tokens"
+  std::string description;       // for the run's header line
+};
+
+// Throws std::runtime_error when the data cannot be read.
+TrainingData load_training_data(const TrainConfig& config);
+
+// "text:PATH" -> PATH; "" for anything else.
+std::string text_path(const std::string& data);
+
+}  // namespace dtrain::train

@@ -1,0 +1,216 @@
+// The pieces of a training run, one process: learning-rate schedule, memory
+// accounting, progress formatting, the metrics file, config checks, and one
+// tiny run through the library call.
+#include "dtrain/comm.h"
+#include "dtrain/memory.h"
+#include "dtrain/train.h"
+#include "train/lr_schedule.h"
+#include "train/metrics.h"
+#include "train/progress.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+using dtrain::train::learning_rate;
+using dtrain::train::LRSchedule;
+
+TEST(LRSchedule, WarmupRisesLinearlyToThePeak) {
+  const LRSchedule s{.peak_lr = 1.0, .warmup_steps = 4, .total_steps = 20};
+  EXPECT_DOUBLE_EQ(learning_rate(s, 0), 0.25);
+  EXPECT_DOUBLE_EQ(learning_rate(s, 1), 0.5);
+  EXPECT_DOUBLE_EQ(learning_rate(s, 3), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate(s, 4), 1.0);  // the decay starts at the peak
+}
+
+TEST(LRSchedule, CosineDecaysToTenPercentAtTheLastStep) {
+  const LRSchedule s{.peak_lr = 2.0, .warmup_steps = 0, .total_steps = 11};
+  EXPECT_DOUBLE_EQ(learning_rate(s, 0), 2.0);
+  EXPECT_NEAR(learning_rate(s, 5), 0.2 + 1.8 * 0.5, 1e-12);  // half way: the mean of peak and floor
+  EXPECT_NEAR(learning_rate(s, 10), 0.2, 1e-12);
+  for (int64_t step = 1; step < 11; ++step) EXPECT_LT(learning_rate(s, step), learning_rate(s, step - 1));
+}
+
+TEST(LRSchedule, NoStepsAfterWarmupKeepThePeak) {
+  const LRSchedule s{.peak_lr = 1.0, .warmup_steps = 5, .total_steps = 5};
+  EXPECT_DOUBLE_EQ(learning_rate(s, 4), 1.0);
+  const LRSchedule one{.peak_lr = 0.1, .warmup_steps = 0, .total_steps = 1};
+  EXPECT_DOUBLE_EQ(learning_rate(one, 0), 0.1);
+}
+
+TEST(TrackingAllocator, CountsLiveAndPeakBytes) {
+  dtrain::memory::install_tracking_allocator();
+  dtrain::memory::install_tracking_allocator();  // idempotent
+  ASSERT_TRUE(dtrain::memory::tracking_allocator_installed());
+  const int64_t before = dtrain::memory::live_bytes();
+  dtrain::memory::reset_peak();
+  {
+    auto tensor = torch::empty({1000}, torch::kFloat32);
+    EXPECT_EQ(dtrain::memory::live_bytes() - before, 4000);
+    auto other = torch::empty({250}, torch::kFloat64);
+    EXPECT_EQ(dtrain::memory::live_bytes() - before, 6000);
+  }
+  EXPECT_EQ(dtrain::memory::live_bytes(), before);
+  EXPECT_EQ(dtrain::memory::peak_bytes() - before, 6000);
+  dtrain::memory::reset_peak();
+  EXPECT_EQ(dtrain::memory::peak_bytes(), before);
+}
+
+// oneDNN kernels allocate through the raw interface, which needs the data
+// pointer as the DataPtr's context.
+TEST(TrackingAllocator, SupportsTheRawInterfaceAndOneDNN) {
+  dtrain::memory::install_tracking_allocator();
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  const int64_t before = dtrain::memory::live_bytes();
+  void* raw = allocator->raw_allocate(512);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(raw) % 64, 0u);
+  EXPECT_EQ(dtrain::memory::live_bytes() - before, 512);
+  allocator->raw_deallocate(raw);
+  EXPECT_EQ(dtrain::memory::live_bytes(), before);
+
+  auto images = torch::randn({2, 1, 8, 8});
+  auto weight = torch::randn({4, 1, 3, 3});
+  auto out = torch::conv2d(images, weight, {}, 1, 1);
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 4, 8, 8}));
+}
+
+TEST(TrackingAllocator, PeakRSSIsReported) { EXPECT_GT(dtrain::memory::peak_rss_bytes(), 1 << 20); }
+
+TEST(Progress, FormatsBytesAndDurations) {
+  using dtrain::train::format_bytes;
+  using dtrain::train::format_duration;
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(3 << 20), "3.00 MiB");
+  EXPECT_EQ(format_bytes(int64_t{150} << 20), "150 MiB");
+  EXPECT_EQ(dtrain::train::format_count(60000), "60,000");
+  EXPECT_EQ(dtrain::train::format_count(-1234567), "-1,234,567");
+  EXPECT_EQ(dtrain::train::format_count(999), "999");
+  EXPECT_EQ(format_duration(45), "45s");
+  EXPECT_EQ(format_duration(187), "3m07s");
+  EXPECT_EQ(format_duration(3720), "1h02m");
+  EXPECT_EQ(format_duration(NAN), "?");
+}
+
+TEST(Progress, PlainLinesEveryLogEverySteps) {
+  std::ostringstream out;
+  dtrain::train::ProgressLine line(out, /*live=*/false, /*log_every=*/5);
+  for (int64_t step = 1; step <= 12; ++step)
+    line.update({.step = step, .total = 12, .loss = 1.5, .rate = 100, .rate_unit = "samples/s", .eta_s = 3,
+                 .peak_bytes_per_rank = {1 << 20, 2 << 20}});
+  const std::string text = out.str();
+  EXPECT_NE(text.find("step 5/12  loss 1.5000  100 samples/s  ETA 3s  peak mem 1.00 MiB | 2.00 MiB\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("step 10/12"), std::string::npos);
+  EXPECT_NE(text.find("step 12/12"), std::string::npos);  // the last step always
+  EXPECT_EQ(text.find("step 11/12"), std::string::npos);
+  EXPECT_EQ(text.find('\r'), std::string::npos);
+}
+
+TEST(Progress, LiveLineIsRewrittenAndMessagesGoAbove) {
+  std::ostringstream out;
+  {
+    dtrain::train::ProgressLine line(out, /*live=*/true, /*log_every=*/10);
+    line.update({.step = 1, .total = 2, .loss = 2, .rate = 1, .rate_unit = "tokens/s", .eta_s = 1, .peak_bytes_per_rank = {}});
+    line.message("eval");
+    line.update({.step = 2, .total = 2, .loss = 1, .rate = 1, .rate_unit = "tokens/s", .eta_s = 1, .peak_bytes_per_rank = {}});
+  }
+  const std::string text = out.str();
+  EXPECT_NE(text.find("\rstep 1/2"), std::string::npos);
+  EXPECT_NE(text.find("\reval\x1b[K\nstep 1/2"), std::string::npos) << text;
+  EXPECT_NE(text.find("\rstep 2/2"), std::string::npos);
+  EXPECT_EQ(text.back(), '\n');
+}
+
+TEST(Metrics, WritesOneJsonObjectPerLine) {
+  const auto path = std::filesystem::temp_directory_path() / ("dtrain_metrics_" + std::to_string(getpid()) + ".jsonl");
+  {
+    std::ofstream(path) << "old content\n";
+    dtrain::train::MetricsWriter writer(path.string());
+    writer.write({{"step", 1}, {"loss", 2.5}});
+    writer.write({{"step", 2}, {"loss", NAN}});
+  }
+  std::ifstream in(path);
+  std::string first, second, third;
+  std::getline(in, first);
+  std::getline(in, second);
+  EXPECT_EQ(first, R"({"step":1,"loss":2.5})");
+  EXPECT_EQ(second, R"({"step":2,"loss":null})");
+  EXPECT_FALSE(std::getline(in, third));
+  std::filesystem::remove(path);
+}
+
+TEST(Metrics, MissingFolderIsAClearError) {
+  try {
+    dtrain::train::MetricsWriter writer("/nonexistent-dtrain-folder/m.jsonl");
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find("/nonexistent-dtrain-folder/m.jsonl"), std::string::npos);
+  }
+}
+
+dtrain::TrainConfig tiny_mlp() {
+  dtrain::TrainConfig config;
+  config.model = "mlp";
+  config.mlp_hidden = {16};
+  config.strategy = "single";
+  config.steps = 3;
+  config.batch_size = 8;
+  config.print = false;
+  return config;
+}
+
+void expect_invalid(const dtrain::TrainConfig& config, int world_size, const std::string& words) {
+  try {
+    dtrain::check_train_config(config, world_size);
+    ADD_FAILURE() << "expected std::invalid_argument mentioning " << words;
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find(words), std::string::npos) << error.what();
+  }
+}
+
+TEST(TrainConfig, ChecksNameTheFlag) {
+  auto c = tiny_mlp();
+  EXPECT_NO_THROW(dtrain::check_train_config(c, 1));
+  expect_invalid(c, 2, "--strategy single");
+  c.strategy = "ddp";
+  expect_invalid(c, 9, "--batch-size 8");
+  c.strategy = "fsdp";
+  c.compress = "topk";
+  expect_invalid(c, 1, "--compress topk compresses DDP's gradient all-reduce");
+  c = tiny_mlp();
+  c.data = "text:/etc/hostname";
+  expect_invalid(c, 1, "--model gpt");
+  c = tiny_mlp();
+  c.model = "gpt";
+  c.data = "text:/nonexistent-dtrain-corpus";
+  expect_invalid(c, 1, "no such file or folder");
+  c = tiny_mlp();
+  c.epochs = 1;
+  expect_invalid(c, 1, "exactly one of --steps");
+  c = tiny_mlp();
+  c.metrics_path = "/nonexistent-dtrain-folder/m.jsonl";
+  expect_invalid(c, 1, "does not exist");
+}
+
+TEST(RunTraining, TinyMLPInProcess) {
+  auto world = dtrain::init(dtrain::InitOptions{.backend = "self"});
+  const dtrain::TrainResult result = dtrain::run_training(tiny_mlp(), world);
+  ASSERT_EQ(result.losses.size(), 3u);
+  for (double loss : result.losses) EXPECT_TRUE(std::isfinite(loss));
+  EXPECT_EQ(result.steps, 3);
+  ASSERT_TRUE(result.eval_accuracy.has_value());
+  EXPECT_GE(*result.eval_accuracy, 0.0);
+  EXPECT_EQ(result.peak_memory_bytes_per_rank.size(), 1u);
+  EXPECT_GT(result.peak_memory_bytes, 0);
+}
+
+}  // namespace
