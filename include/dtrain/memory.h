@@ -29,6 +29,13 @@ int64_t peak_bytes();
 // Starts a new peak window at the current live bytes.
 void reset_peak();
 
+// A per-rank cap on live tensor bytes (0: none). An allocation that would
+// exceed it throws c10::OutOfMemoryError naming the rank, the bytes asked
+// and the cap, instead of letting the machine swap or the kernel kill the
+// job. install_tracking_allocator() reads DTRAIN_MEMORY_CAP_MB.
+void set_limit_bytes(int64_t bytes);
+int64_t limit_bytes();
+
 // The process's peak resident set size (VmHWM in /proc/self/status), in
 // bytes; 0 where the kernel does not report it.
 int64_t peak_rss_bytes();

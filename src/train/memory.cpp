@@ -10,9 +10,11 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
 
 #include <atomic>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -29,6 +31,7 @@ constexpr size_t kHeaderBytes = 64;
 std::atomic<int64_t> g_live_bytes{0};
 std::atomic<int64_t> g_peak_bytes{0};
 std::atomic<bool> g_installed{false};
+std::atomic<int64_t> g_limit_bytes{0};  // 0: no cap
 c10::Allocator* g_wrapped = nullptr;  // LibTorch's default CPU allocator; set once before any allocation
 
 void raise_peak(int64_t live) {
@@ -46,13 +49,35 @@ void delete_tracked(void* data) {
   g_wrapped->raw_deallocate(base);
 }
 
+// The rank as the launcher numbered it, for the out-of-memory message (the
+// allocator knows no communicator).
+std::string rank_from_environment() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK"}) {
+    if (const char* value = std::getenv(name)) return value;
+  }
+  return "0";
+}
+
+void check_limit(int64_t bytes) {
+  const int64_t limit = g_limit_bytes.load(std::memory_order_relaxed);
+  if (limit <= 0) return;
+  const int64_t live = g_live_bytes.load(std::memory_order_relaxed);
+  if (live + bytes <= limit) return;
+  TORCH_CHECK_WITH(OutOfMemoryError, false, "dtrain: rank ", rank_from_environment(),
+                   " is out of memory: a tensor of ", bytes, " bytes would bring this rank's live tensor memory to ",
+                   live + bytes, " bytes, over its cap of ", limit,
+                   " bytes (DTRAIN_MEMORY_CAP_MB). Shard the model (--strategy fsdp), use more ranks, a smaller "
+                   "batch, or raise the cap.");
+}
+
 class TrackingAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     const c10::Device cpu(c10::DeviceType::CPU);
     if (n == 0) return {nullptr, nullptr, &delete_tracked, cpu};
-    auto* base = static_cast<std::byte*>(g_wrapped->raw_allocate(n + kHeaderBytes));
     const auto bytes = static_cast<int64_t>(n);
+    check_limit(bytes);
+    auto* base = static_cast<std::byte*>(g_wrapped->raw_allocate(n + kHeaderBytes));
     std::memcpy(base, &bytes, sizeof(bytes));
     raise_peak(g_live_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes);
     void* data = base + kHeaderBytes;
@@ -79,10 +104,21 @@ void install_tracking_allocator() {
     static TrackingAllocator tracking;
     c10::SetCPUAllocator(&tracking);
     g_installed = true;
+    if (const char* cap = std::getenv("DTRAIN_MEMORY_CAP_MB")) {
+      char* end = nullptr;
+      const double mib = std::strtod(cap, &end);
+      if (end == cap || *end != '\0' || !(mib >= 0))
+        throw std::invalid_argument(std::string("DTRAIN_MEMORY_CAP_MB='") + cap + "' must be a number of MiB (0: no cap)");
+      set_limit_bytes(static_cast<int64_t>(mib * 1024 * 1024));
+    }
   });
 }
 
 bool tracking_allocator_installed() { return g_installed.load(); }
+
+void set_limit_bytes(int64_t bytes) { g_limit_bytes.store(bytes > 0 ? bytes : 0, std::memory_order_relaxed); }
+
+int64_t limit_bytes() { return g_limit_bytes.load(std::memory_order_relaxed); }
 
 int64_t live_bytes() { return g_live_bytes.load(std::memory_order_relaxed); }
 

@@ -82,6 +82,22 @@ TEST(TrackingAllocator, SupportsTheRawInterfaceAndOneDNN) {
   EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 4, 8, 8}));
 }
 
+TEST(TrackingAllocator, CapGivesAClearOutOfMemoryError) {
+  dtrain::memory::install_tracking_allocator();
+  dtrain::memory::set_limit_bytes(dtrain::memory::live_bytes() + (1 << 20));
+  std::string message;
+  try {
+    auto big = torch::empty({4 << 20}, torch::kFloat32);  // 16 MiB, over the 1 MiB headroom
+  } catch (const c10::OutOfMemoryError& error) {
+    message = error.what();
+  }
+  auto small = torch::empty({1024}, torch::kFloat32);  // within the cap: fine
+  dtrain::memory::set_limit_bytes(0);
+  EXPECT_NE(message.find("is out of memory: a tensor of 16777216 bytes"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank "), std::string::npos) << message;
+  EXPECT_NE(message.find("DTRAIN_MEMORY_CAP_MB"), std::string::npos) << message;
+}
+
 TEST(TrackingAllocator, PeakRSSIsReported) { EXPECT_GT(dtrain::memory::peak_rss_bytes(), 1 << 20); }
 
 TEST(Progress, FormatsBytesAndDurations) {
