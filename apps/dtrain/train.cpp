@@ -16,6 +16,13 @@
 namespace dtrain::cli {
 namespace {
 
+// LibTorch's errors carry a C++ backtrace in what(); users need the message.
+std::string message_of(const std::exception& error) {
+  if (const auto* torch_error = dynamic_cast<const c10::Error*>(&error)) return torch_error->what_without_backtrace();
+  return error.what();
+}
+
+
 // What the flags say, before per-model defaults are filled in.
 struct TrainFlags {
   TrainConfig config;
@@ -173,7 +180,7 @@ int train_rank(const TrainConfig& config, const CommPtr& world) {
     // One write, so that ranks failing together do not interleave their lines;
     // the leading newline ends a live progress line.
     const std::string message = "\ndtrain train: rank " + std::to_string(world->rank()) + ": " +
-                                (invalid ? "" : "error: ") + error.what() + "\n";
+                                (invalid ? "" : "error: ") + message_of(error) + "\n";
     std::cout << std::flush;
     std::cerr << message << std::flush;
     return invalid ? 2 : 1;
@@ -246,7 +253,7 @@ int train_main(const std::vector<std::string>& args) {
     std::cerr << "dtrain train: " + std::string(error.what()) + "\n" << std::flush;  // one write per line
     return 2;
   } catch (const std::exception& error) {
-    std::cerr << "dtrain train: error: " + std::string(error.what()) + "\n" << std::flush;
+    std::cerr << "dtrain train: error: " + message_of(error) + "\n" << std::flush;
     return 1;
   }
 }

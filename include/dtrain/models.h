@@ -21,6 +21,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -107,8 +108,11 @@ class GPTImpl : public torch::nn::Module {
   // softmax(logits / temperature) restricted to the top_k most likely tokens
   // (top_k <= 0: all); temperature <= 0 picks the most likely token. Runs in
   // eval mode without gradients and restores the training flag afterwards.
+  // `forward`, when given, replaces this->forward (e.g. a sharded engine's
+  // call, which gathers the weights; every rank then runs the loop).
   torch::Tensor generate(torch::Tensor prompt_tokens, int64_t max_new_tokens, double temperature = 1.0,
-                         int64_t top_k = 0, std::optional<at::Generator> generator = std::nullopt);
+                         int64_t top_k = 0, std::optional<at::Generator> generator = std::nullopt,
+                         const std::function<torch::Tensor(const torch::Tensor&)>& forward = nullptr);
 
   const GPTConfig& config() const { return config_; }
 

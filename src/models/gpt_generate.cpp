@@ -10,7 +10,8 @@ namespace dtrain::models {
 // (no key/value cache). Generation is for looking at what a trained model
 // writes, where this cost does not matter, and keeps forward the only path.
 torch::Tensor GPTImpl::generate(torch::Tensor prompt_tokens, int64_t max_new_tokens, double temperature,
-                                int64_t top_k, std::optional<at::Generator> generator) {
+                                int64_t top_k, std::optional<at::Generator> generator,
+                                const std::function<torch::Tensor(const torch::Tensor&)>& forward_fn) {
   TORCH_CHECK(prompt_tokens.scalar_type() == torch::kLong && (prompt_tokens.dim() == 1 || prompt_tokens.dim() == 2),
               "GPT::generate: expected int64 prompt tokens of shape [B,T] or [T], got ", prompt_tokens.scalar_type(),
               " ", prompt_tokens.sizes());
@@ -31,7 +32,7 @@ torch::Tensor GPTImpl::generate(torch::Tensor prompt_tokens, int64_t max_new_tok
   for (int64_t i = 0; i < max_new_tokens; ++i) {
     const int64_t T = tokens.size(1);
     auto context = T > config_.seq_len ? tokens.narrow(1, T - config_.seq_len, config_.seq_len) : tokens;
-    auto logits = forward(context).select(1, -1).to(torch::kFloat);  // [B,vocab]
+    auto logits = (forward_fn ? forward_fn(context) : forward(context)).select(1, -1).to(torch::kFloat);  // [B,vocab]
     torch::Tensor next;
     if (temperature <= 0.0) {
       next = logits.argmax(-1, /*keepdim=*/true);

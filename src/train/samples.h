@@ -4,6 +4,7 @@
 #include "dtrain/models.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,10 @@ struct SampleOptions {
 // `count` continuations of the prompt, prompt included, sampled from a
 // generator seeded with `seed`: the same on every rank, so all ranks can run
 // it in step (engines that communicate in forward need that).
-std::vector<std::string> generate_samples(models::GPT& gpt, const SampleOptions& options);
+// `forward` runs the model (through the training strategy, which may gather
+// sharded weights); every rank must call this, with the same options.
+std::vector<std::string> generate_samples(models::GPT& gpt, const SampleOptions& options,
+                                          const std::function<torch::Tensor(const torch::Tensor&)>& forward);
 
 // The text with bytes a terminal cannot show (control bytes other than
 // newline and tab, and bytes outside ASCII) replaced by '?'.

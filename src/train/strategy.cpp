@@ -76,15 +76,6 @@ class FullySharded final : public Strategy {
   }
   std::vector<torch::Tensor> optimizer_parameters() override { return fsdp_.parameters(); }
   double clip_grad_norm(double max_norm) override { return dtrain::clip_grad_norm(fsdp_, max_norm); }
-  models::GPT gpt_for_generation(Model& model) override {
-    if (!model.gpt) return model.gpt;
-    const auto full = fsdp_.full_state_dict(/*rank0_only=*/false);
-    models::GPT copy(model.gpt->config());
-    torch::NoGradGuard no_grad;
-    for (auto& item : copy->named_parameters()) item.value().copy_(full.at(item.key()));
-    for (auto& item : copy->named_buffers()) item.value().copy_(full.at(item.key()));
-    return copy;
-  }
 
  private:
   Model& model_;

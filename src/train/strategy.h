@@ -38,10 +38,6 @@ class Strategy {
   // Applies the optimizer's update (sharded strategies: then make the
   // updated parameters whole again where they need to be).
   virtual void optimizer_step(torch::optim::Optimizer& optimizer) { optimizer.step(); }
-
-  // A GPT with the full trained weights for sampling, on every rank
-  // (collective for sharded strategies, which gather their shards).
-  virtual models::GPT gpt_for_generation(Model& model) { return model.gpt; }
 };
 
 struct StrategyOptions {

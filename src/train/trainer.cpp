@@ -253,9 +253,9 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
   const train::Evaluation final_eval = run_evaluation();
   metrics.write(eval_record(total, final_eval));
   if (model.gpt) {
-    auto gpt = strategy->gpt_for_generation(model);
     result.samples = train::generate_samples(
-        gpt, {.count = config.samples, .bytes = config.sample_bytes, .prompt = config.sample_prompt, .seed = config.seed});
+        model.gpt, {.count = config.samples, .bytes = config.sample_bytes, .prompt = config.sample_prompt, .seed = config.seed},
+        [&](const torch::Tensor& tokens) { return strategy->forward(tokens); });
   }
 
   auto rss = torch::zeros({world_size}, torch::kFloat64);
