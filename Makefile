@@ -34,6 +34,7 @@ bench: build
 	$(BUILD)/bin/dtrain bench collectives --nproc 2 --backend mpi --json bench/results/collectives-mpi-np2.json
 	$(BUILD)/bin/dtrain bench collectives --nproc 2 --backend c10d --max-bytes 16777216 --json bench/results/collectives-c10d-np2.json
 	BUILD=$(BUILD) bench/ddp.sh
+	BUILD=$(BUILD) bench/fsdp.sh
 
 asan:
 	@BUILD_DIR=$(ASAN_BUILD) scripts/setup
