@@ -21,7 +21,6 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <unistd.h>
@@ -301,16 +300,13 @@ int run_job(const BenchFSDPOptions& options, const std::string& job, int nproc, 
   launch_options.nproc = nproc;
   launch_options.backend = options.backend;
   launch_options.threads_per_rank = threads;
-  launch_options.command = {self_executable(),        "bench",
-                            "fsdp",                   "--job",
-                            job,                      "--job-json",
-                            job_json,                 "--backend",
-                            options.backend,          "--strategies",
-                            join(strategies),         "--memory-steps",
-                            std::to_string(options.memory_steps), "--speed-steps",
-                            std::to_string(options.speed_steps),  "--rounds",
-                            std::to_string(options.rounds),       "--warmup",
-                            std::to_string(options.warmup)};
+  launch_options.command = {self_executable(), "bench", "fsdp", "--job", job, "--job-json", job_json,
+                            "--backend", options.backend,
+                            "--memory-steps", std::to_string(options.memory_steps),
+                            "--speed-steps", std::to_string(options.speed_steps),
+                            "--rounds", std::to_string(options.rounds),
+                            "--warmup", std::to_string(options.warmup)};
+  if (!strategies.empty()) launch_options.command.insert(launch_options.command.end(), {"--strategies", join(strategies)});
   return launch(launch_options);
 }
 
@@ -409,6 +405,7 @@ int bench_fsdp(const BenchFSDPOptions& options) {
         if (job_gib > options.max_job_gib) {
           std::printf("  %d ranks, %-6s: skipped, planned %.1f GiB for the job > --max-job-gib %.1f\n", n,
                       strategy.c_str(), job_gib, options.max_job_gib);
+          std::fflush(stdout);
           skipped.push_back({{"world_size", n}, {"strategy", strategy}, {"planned_job_gib", job_gib}});
         } else {
           fitting.push_back(strategy);
@@ -442,7 +439,7 @@ int bench_fsdp(const BenchFSDPOptions& options) {
     std::printf("\ndtrain bench fsdp: speed part, %d ranks\n", kSpeedWorld);
     std::fflush(stdout);
     const auto path = temp_path("speed");
-    const int code = run_job(options, "speed", kSpeedWorld, default_threads_per_rank(kSpeedWorld), {"ddp"}, path);
+    const int code = run_job(options, "speed", kSpeedWorld, default_threads_per_rank(kSpeedWorld), {}, path);
     if (code != 0) return code;
     document["speed"] = read_json(path);
     std::remove(path.c_str());

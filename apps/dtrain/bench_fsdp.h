@@ -28,7 +28,7 @@ struct BenchFSDPOptions {
   // together would hold more than this (plus a runtime allowance per rank).
   double max_job_gib = 10.0;
   int speed_steps = 3;   // timed steps per mode per round
-  int rounds = 5;
+  int rounds = 7;
   int warmup = 1;
   std::string json_path;
 

@@ -133,7 +133,9 @@ void print(const Resolved& r, const plan::Plan& p) {
   row("gradients", p.peak.gradients, "");
   row("reduction buffers", p.peak.reduction_buffers, ddp ? "DDP buckets" : "full-size gradients being reduced");
   row("optimizer state", p.peak.optimizer_state, "");
-  row("activations", p.peak.activations, "estimate: saved tensors, workspace, batch, logits");
+  row("activations", p.peak.activations, "saved for backward, workspace, batch, logits (estimate)");
+  std::printf("Activations at the end of forward (estimate, batch %lld per rank): %s.\n",
+              static_cast<long long>(model.batch_per_rank), human(p.forward_activation_bytes).c_str());
   std::printf("Between steps: %s.", human(p.between_steps.total()).c_str());
   if (!ddp)
     std::printf(" Largest unit gathered: %s; at most %d unit(s) gathered at once.",
@@ -171,6 +173,7 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
           {"peak", to_json(p.peak)},
           {"peak_moment", p.peak_moment},
           {"between_steps", to_json(p.between_steps)},
+          {"forward_activation_bytes", p.forward_activation_bytes},
           {"max_units_gathered", p.max_units_gathered},
           {"largest_unit_gathered_bytes", p.largest_unit_gathered_bytes},
           {"units", units},

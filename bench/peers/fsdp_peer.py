@@ -119,7 +119,7 @@ def timed_round(run, tokens, targets, steps):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per mode per round")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--json", help="also write the results as JSON to this path")
     args = parser.parse_args()

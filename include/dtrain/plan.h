@@ -151,6 +151,7 @@ struct Plan {
   MemoryBreakdown peak;    // at the busiest moment of a steady-state step
   std::string peak_moment; // e.g. "backward: 'blocks.0' reduces its gradients"
   MemoryBreakdown between_steps;  // after zero_grad, before the next forward
+  int64_t forward_activation_bytes = 0;  // activations alive at the end of forward (the estimate for the batch)
   int max_units_gathered = 0;     // at once (full buffers allocated), over the step
   int64_t largest_unit_gathered_bytes = 0;
   std::vector<UnitPlan> units;

@@ -233,6 +233,7 @@ class FSDPReplay {
     t_.add(&MemoryBreakdown::activations,
            model_.root_tail_activation_bytes + model_.output_bytes + model_.loss_bytes);
     t_.mark("end of forward (with the loss)");
+    plan_.forward_activation_bytes = t_.now().activations;
   }
 
   void backward() {
@@ -348,6 +349,7 @@ void replay_ddp(const ModelSpec& model, const Layout& layout, Plan& plan) {
   }
   t.add(&MemoryBreakdown::activations, model.root_tail_activation_bytes + model.output_bytes + model.loss_bytes);
   t.mark("end of forward (with the loss)");
+  plan.forward_activation_bytes = t.now().activations;
   t.add(&MemoryBreakdown::activations, model.output_bytes);
   t.mark_with(&MemoryBreakdown::activations, model.output_bytes, "backward: the loss's gradients");
   t.remove(&MemoryBreakdown::activations, model.output_bytes + model.loss_bytes + model.root_tail_activation_bytes);
