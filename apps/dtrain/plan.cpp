@@ -88,6 +88,7 @@ Resolved resolve(const PlanFlags& f) {
                                      : f.backward_prefetch == "post" ? BackwardPrefetch::Post
                                                                      : BackwardPrefetch::None;
   r.options.fsdp.max_inflight_all_gathers = f.max_inflight_all_gathers;
+  r.options.fsdp.max_inflight_reductions = f.max_inflight_reductions;
   r.optimizer = f.optimizer.empty() ? (gpt ? "adamw" : "sgd") : f.optimizer;
   r.options.optimizer = r.optimizer == "adamw" ? plan::Optimizer::AdamW
                         : f.momentum > 0       ? plan::Optimizer::SGDMomentum
@@ -213,6 +214,9 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
   cmd->add_option("--backward-prefetch", f.backward_prefetch, "FSDP backward prefetch: pre | post | none")
       ->check(CLI::IsMember({"pre", "post", "none"}))->capture_default_str();
   cmd->add_option("--max-inflight-all-gathers", f.max_inflight_all_gathers, "FSDP all-gathers issued ahead")
+      ->check(at_least(1))->capture_default_str();
+  cmd->add_option("--max-inflight-reductions", f.max_inflight_reductions,
+                  "FSDP gradient reduce-scatters outstanding (each holds a full-size gradient buffer)")
       ->check(at_least(1))->capture_default_str();
   cmd->add_option("--rank", f.rank, "The rank to plan (rank 0 holds the most; the last ranks hold the padding)")
       ->check(at_least(0))->capture_default_str();

@@ -31,6 +31,7 @@ struct PlanFlags {
   bool forward_prefetch = true;
   std::string backward_prefetch = "pre";  // pre | post | none
   int max_inflight_all_gathers = 2;
+  int max_inflight_reductions = 1;
   int rank = 0;
   bool json = false;
 };

@@ -86,6 +86,11 @@ struct FSDPOptions {
   BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;
   // All-gathers issued ahead and not yet consumed (bounds prefetch memory).
   int max_inflight_all_gathers = 2;
+  // Gradient reduce-scatters outstanding in backward. Each holds its unit's
+  // full-size gradient buffer; before issuing one more, backward waits for
+  // the oldest and frees its buffer, so at most this many are alive at once
+  // (1: each reduction overlaps the previous unit's gradient computation).
+  int max_inflight_reductions = 1;
   // Recompute each unit's forward during its backward instead of keeping
   // its activations (units with one tensor input and one tensor output).
   bool activation_checkpointing = false;

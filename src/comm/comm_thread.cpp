@@ -71,6 +71,10 @@ void CommThread::run_front(std::unique_lock<std::mutex>& lock) {
       failure = task.describe(task.seq) + ": unknown error";
     }
   }
+  // The operation's captured tensors (FSDP's full-size gradient buffers,
+  // say) are released before the work is marked done, so a waiter that
+  // returns from wait() finds their memory already freed.
+  task.op = nullptr;
 
   lock.lock();
   executing_ = false;

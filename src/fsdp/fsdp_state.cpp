@@ -50,6 +50,9 @@ FSDPState::FSDPState(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FSDP
   if (options_.max_inflight_all_gathers < 1) {
     throw std::invalid_argument("FSDP: max_inflight_all_gathers must be at least 1");
   }
+  if (options_.max_inflight_reductions < 1) {
+    throw std::invalid_argument("FSDP: max_inflight_reductions must be at least 1");
+  }
   for (auto dtype : {options_.mixed_precision.param_dtype, options_.mixed_precision.reduce_dtype,
                      options_.mixed_precision.output_dtype}) {
     if (!c10::isFloatingType(dtype)) {
@@ -296,11 +299,21 @@ void FSDPState::pre_backward(Unit& unit) {
 void FSDPState::on_gradient_ready(Unit& unit, size_t parameter) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (!unit.on_gradient_ready(parameter)) return;
+  if (sync_) bound_inflight_reductions();
   unit.reduce_gradients(sync_);
   if (sync_) reduce_order_.push_back(&unit);
   unit.set_state(TrainingState::PostBackward);
   unit.reshard(free_after_backward());
   if (options_.backward_prefetch == BackwardPrefetch::Post) prefetch(neighbour_in_order(unit, -1));
+}
+
+void FSDPState::bound_inflight_reductions() {
+  // OptimizerOnly keeps every full-size gradient (its .grad views them), so
+  // waiting early would free nothing.
+  if (options_.strategy == Sharding::OptimizerOnly) return;
+  while (reduce_order_.size() - reductions_waited_ >= static_cast<size_t>(options_.max_inflight_reductions)) {
+    reduce_order_[reductions_waited_++]->wait_reduction();
+  }
 }
 
 void FSDPState::finalize_backward() {
@@ -310,6 +323,7 @@ void FSDPState::finalize_backward() {
     FSDPState* self;
     ~ResetOnExit() {
       self->reduce_order_.clear();
+      self->reductions_waited_ = 0;
       self->inflight_gathers_ = 0;
       for (auto& unit : self->units_) unit->set_state(TrainingState::Idle);
     }
@@ -319,6 +333,7 @@ void FSDPState::finalize_backward() {
   // loss) reduce what they have, in unit order (the same on every rank).
   for (auto& unit : units_) {
     if (unit->state() == TrainingState::PreBackward && unit->expected_gradients() > 0) {
+      if (sync_) bound_inflight_reductions();
       unit->reduce_gradients(sync_);
       if (sync_) reduce_order_.push_back(unit.get());
     }

@@ -47,6 +47,8 @@ class FSDPState {
   void pre_backward(Unit& unit);
   void on_gradient_ready(Unit& unit, size_t parameter);
   void finalize_backward();
+  // Waits for the oldest reductions while max_inflight_reductions are outstanding.
+  void bound_inflight_reductions();
   void prefetch(Unit* unit);
   Unit* neighbour_in_order(const Unit& unit, int direction) const;
   bool reshard_after_forward(const Unit& unit) const;
@@ -66,6 +68,7 @@ class FSDPState {
   bool order_recorded_ = false;
   std::vector<Unit*> this_forward_;
   std::vector<Unit*> reduce_order_;        // units whose reduction started, in issue order
+  size_t reductions_waited_ = 0;           // reduce_order_[0 .. this) have finished
   int inflight_gathers_ = 0;
 };
 

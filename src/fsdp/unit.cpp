@@ -111,6 +111,10 @@ void Unit::reduce_gradients(bool sync) {
     unsynced_full_gradient_ = full;
     return;
   }
+  // The unit holds `full` until backward waits for the reduction
+  // (wait_reduction), not only until the operation finishes: the moment the
+  // memory goes back is then the same in every run, so `dtrain plan` can
+  // predict the peak to the byte.
   full_gradient_ = full;
   reduction_started_ = true;
   if (options_.strategy == Sharding::OptimizerOnly) {
@@ -119,6 +123,13 @@ void Unit::reduce_gradients(bool sync) {
     shard_gradient_ = torch::empty({flat_.shard_numel()}, full.options());
     reduce_work_ = groups_.shard->reduce_scatter(full_gradient_, shard_gradient_, ReduceOp::Avg);
   }
+}
+
+void Unit::wait_reduction() {
+  if (!reduce_work_) return;
+  reduce_work_->wait();
+  // OptimizerOnly's .grad will view the all-reduced buffer; the others only need the shard.
+  if (options_.strategy != Sharding::OptimizerOnly) full_gradient_ = torch::Tensor();
 }
 
 void Unit::finish_gradients() {

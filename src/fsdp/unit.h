@@ -16,9 +16,12 @@
 //   parameter's post-accumulate-grad hook counts in; after the last one the
 //   unit copies the gradients into one flat buffer and starts a
 //   reduce-scatter (all-reduce for OptimizerOnly) and frees its full
-//   parameters. The root's end-of-backward callback (FSDPState::finalize)
-//   waits for every reduction in issue order and writes each shard's
-//   gradient to .grad of the shard-shaped parameters.
+//   parameters. Before starting a reduction, backward waits for the oldest
+//   while max_inflight_reductions are outstanding and frees that unit's
+//   flat gradient buffer, which bounds the full-size gradient buffers alive
+//   at once (and frees them at the same moment in every run). The root's end-of-backward
+//   callback (FSDPState::finalize) waits for every reduction in issue order
+//   and writes each shard's gradient to .grad of the shard-shaped parameters.
 // - Every hook checks the unit's TrainingState, so a hook that fires at the
 //   wrong moment (a unit used without being entered) is an error naming the
 //   unit, never silent corruption.
@@ -82,6 +85,9 @@ class Unit {
   // adds them to the local accumulation instead (no_sync).
   void reduce_gradients(bool sync);
   bool reduction_pending() const { return reduction_started_; }
+  // Blocks until the reduction has run and frees the full-size buffer
+  // (OptimizerOnly keeps it); finish_gradients() still sets .grad later.
+  void wait_reduction();
   // Waits for the reduction and sets .grad of every (shard-shaped)
   // parameter, adding what was stashed.
   void finish_gradients();
@@ -105,7 +111,7 @@ class Unit {
   std::vector<torch::Tensor> stashed_;       // shard-shaped grads from before this backward
   torch::Tensor unsynced_full_gradient_;     // no_sync accumulation, reduce dtype
   bool reduction_started_ = false;
-  torch::Tensor full_gradient_;              // being reduced
+  torch::Tensor full_gradient_;              // being reduced (OptimizerOnly: in place)
   torch::Tensor shard_gradient_;             // reduction result (reduce dtype)
   WorkPtr reduce_work_;
 };

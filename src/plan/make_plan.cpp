@@ -51,6 +51,8 @@ detail::Layout resolve(const PlanOptions& options) {
                                 std::to_string(options.world_size));
   if (options.fsdp.max_inflight_all_gathers < 1)
     throw std::invalid_argument("plan: max_inflight_all_gathers must be at least 1");
+  if (options.fsdp.max_inflight_reductions < 1)
+    throw std::invalid_argument("plan: max_inflight_reductions must be at least 1");
   detail::Layout layout;
   layout.ddp = options.engine == Engine::DDP;
   layout.strategy = options.fsdp.strategy;

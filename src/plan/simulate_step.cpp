@@ -23,10 +23,12 @@
 //     (freeing them), and reduce-scatters it into a new shard-sized buffer
 //     (OptimizerOnly: all-reduces it in place); then it frees its full
 //     parameters (OptimizerOnly keeps them, across steps too);
-//   * the full-size reduction buffers stay alive until the end-of-backward
-//     callback waits for every reduction (Unit::finish_gradients); there the
-//     shard gradient becomes .grad (OptimizerOnly: a view into the full
-//     buffer, which therefore lives until zero_grad);
+//   * a unit keeps its full-size reduction buffer until backward waits for
+//     that reduction: when max_inflight_reductions newer ones would be
+//     outstanding (before the next buffer is allocated) or in the
+//     end-of-backward callback (Unit::finish_gradients), where the shard
+//     gradient becomes .grad. OptimizerOnly all-reduces in place and .grad
+//     is a view into the full buffer, which lives until zero_grad;
 //   * optimizer state is allocated per parameter piece, so a shard's
 //     padding has none.
 // - DDP (src/ddp/reducer.cpp): the full replica, one zeroed bucket buffer
@@ -42,6 +44,7 @@
 #include "plan/plan_internal.h"
 
 #include <algorithm>
+#include <deque>
 #include <stdexcept>
 #include <string>
 
@@ -279,7 +282,11 @@ class FSDPReplay {
                  "backward: " + display(spec) + " computes its last gradients");
     t_.add(&MemoryBreakdown::gradients, flat.numel * layout_.compute_bytes);
     if (u == 0) t_.remove(&MemoryBreakdown::gradients, model_.root_tail_gradient_bytes);  // now part of the root's
-    // Unit::reduce_gradients
+    // FSDPState::bound_inflight_reductions, then Unit::reduce_gradients
+    if (layout_.strategy != Sharding::OptimizerOnly) {
+      while (reducing_.size() >= static_cast<size_t>(options_.max_inflight_reductions)) finish_reduction();
+      reducing_.push_back(u);
+    }
     t_.add(&MemoryBreakdown::reduction_buffers, flat.padded * layout_.reduce_bytes);
     t_.mark("backward: " + display(spec) + " reduces its gradients");
     t_.remove(&MemoryBreakdown::gradients, flat.numel * layout_.compute_bytes);
@@ -289,6 +296,13 @@ class FSDPReplay {
     }
     reshard(u, free_after_backward());
     if (options_.backward_prefetch == BackwardPrefetch::Post) prefetch(neighbour(u, -1));
+  }
+
+  // Backward waited for the oldest reduce-scatter and dropped its full-size buffer.
+  void finish_reduction() {
+    const auto& flat = units_[reducing_.front()].flat;
+    t_.remove(&MemoryBreakdown::reduction_buffers, flat.padded * layout_.reduce_bytes);
+    reducing_.pop_front();
   }
 
   // FSDPState::finalize_backward -> Unit::finish_gradients, in issue order.
@@ -310,7 +324,7 @@ class FSDPReplay {
         }
         continue;
       }
-      t_.remove(&MemoryBreakdown::reduction_buffers, full);
+      if (!reducing_.empty() && reducing_.front() == u) finish_reduction();
       if (cast) {
         t_.add(&MemoryBreakdown::gradients, flat.shard * layout_.master_bytes);
         t_.mark("end of backward: gradients cast to the master dtype");
@@ -326,6 +340,7 @@ class FSDPReplay {
   std::vector<UnitState> units_;
   Timeline t_;
   int inflight_ = 0;
+  std::deque<size_t> reducing_;  // units whose reduce-scatter may still hold its full-size buffer
 };
 
 // ---------------------------------------------------------------- DDP
