@@ -44,8 +44,34 @@ asan:
 	# like leaks and std::vector annotations cross the boundary, hence the options.
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=0:detect_container_overflow=0 ctest --output-on-failure --timeout 900
 
+# Training to accuracy and throughput (issue 5): about 15 minutes on 2 cores.
 check-long: build
-	@echo "check-long: no long checks yet (training to accuracy arrives with dtrain train)"
+	BUILD=$(BUILD) tests/long/check_long.sh
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)
+
+# libFuzzer on the safetensors header parser, which does not use LibTorch
+# (src/checkpoint/safetensors_format.cpp), built with clang, ASan and UBSan:
+# FUZZ_SECONDS from the committed corpus tests/checkpoint/fuzz_corpus/. Inputs
+# it finds collect in $(FUZZ_BUILD)/corpus (kept between runs); then the ones
+# reaching the most code the hand-made seeds do not are saved in the committed
+# corpus, at most FUZZ_CORPUS_MAX files in all (tests/checkpoint/trim_fuzz_corpus.py).
+# A crashing input is saved as $(FUZZ_BUILD)/crash-* and fails the target; the
+# committed corpus is replayed by the checkpoint.safetensors.Malformed test.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 300
+FUZZ_CORPUS = tests/checkpoint/fuzz_corpus
+FUZZ_CORPUS_MAX ?= 50
+.PHONY: fuzz
+fuzz:
+	@DTRAIN_SETUP_FUZZ=1 BUILD_DIR=$(FUZZ_BUILD) scripts/setup
+	clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Wall -Wextra -Isrc \
+	    src/checkpoint/safetensors_format.cpp tests/checkpoint/fuzz_safetensors.cpp -o $(FUZZ_BUILD)/fuzz_safetensors
+	@mkdir -p $(FUZZ_BUILD)/corpus
+	$(FUZZ_BUILD)/fuzz_safetensors -max_len=4096 -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -dict=tests/checkpoint/fuzz_safetensors.dict -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_BUILD)/corpus $(FUZZ_CORPUS)
+	@rm -rf $(FUZZ_BUILD)/merged $(FUZZ_BUILD)/merge.txt && mkdir -p $(FUZZ_BUILD)/merged
+	@$(FUZZ_BUILD)/fuzz_safetensors -merge=1 -use_counters=0 -max_len=4096 -merge_control_file=$(FUZZ_BUILD)/merge.txt \
+	    $(FUZZ_BUILD)/merged $(FUZZ_CORPUS) $(FUZZ_BUILD)/corpus 2>$(FUZZ_BUILD)/merge.log
+	@python3 tests/checkpoint/trim_fuzz_corpus.py $(FUZZ_BUILD)/merge.txt $(FUZZ_CORPUS) $(FUZZ_CORPUS_MAX)

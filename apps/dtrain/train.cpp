@@ -29,7 +29,6 @@ struct TrainFlags {
   int nproc = 0;
   std::string backend = "mpi";
   std::string shuffle = "true";
-  std::string init_from;
 };
 
 // CLI11 2.1's PositiveNumber and NonNegativeNumber spell out a range up to
@@ -137,7 +136,9 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
       ->check(kNonNegative)->capture_default_str();
   optimisation->add_option("--seed", c.seed, "Seed of the initial weights, the shuffle and the samples")
       ->capture_default_str();
-  optimisation->add_option("--init-from", f.init_from, "Initial weights from FILE.safetensors");
+  optimisation->add_option("--init-from", c.init_from,
+                           "Initial weights from FILE.safetensors (every parameter and buffer of the model, by name; "
+                           "--seed still seeds the shuffle and the samples)");
 
   auto* output = app.add_option_group("Output");
   output->add_option("--eval-every", c.eval_every, "Evaluate every K steps (0: only at the end)")
@@ -219,8 +220,6 @@ int train_main(const std::vector<std::string>& args) {
   TrainConfig& config = flags.config;
 
   try {
-    if (!flags.init_from.empty())
-      throw std::invalid_argument("--init-from needs the checkpoint issue's safetensors reader; not available yet");
     if (backend_from_environment() != "self") {
       // One rank of a job that a launcher (dtrain launch, mpirun, torchrun) started.
       auto world = init();
@@ -238,6 +237,7 @@ int train_main(const std::vector<std::string>& args) {
                                   " needs a data-parallel strategy such as --strategy ddp");
     // Every check that needs no data, before any rank starts.
     check_train_config(config, nproc);
+    check_init_from(config);
     if (nproc == 1) {
       at::set_num_threads(default_threads_per_rank(1));  // all cores (DTRAIN_THREADS_PER_RANK overrides in init)
       return train_rank(config, init());

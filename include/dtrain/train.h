@@ -33,6 +33,11 @@ struct TrainConfig {
   int64_t gpt_heads = 4;
   int64_t seq_len = 128;
   double dropout = 0.0;
+  // Initial weights from a safetensors file (every parameter and buffer, by
+  // name; see load_state_into in dtrain/checkpoint.h) instead of the seeded
+  // initialisation; "" = none. Loaded on every rank before the strategy wraps
+  // the model.
+  std::string init_from;
 
   // ---- data: "fashion-mnist" (mlp, cnn) or "text:PATH" (gpt; a file or a folder)
   std::string data = "fashion-mnist";
@@ -96,8 +101,16 @@ TrainResult run_training(const TrainConfig& config, CommPtr world);
 // Throws std::invalid_argument when `config` cannot train on `world_size`
 // ranks, naming the setting as `dtrain train` spells it (--batch-size, ...)
 // and what it accepts. Checks that the data and the metrics file's folder
-// exist, without reading the data. run_training() calls it first.
+// exist (and the --init-from file), without reading them. run_training()
+// calls it first.
 void check_train_config(const TrainConfig& config, int world_size);
+
+// Throws std::invalid_argument naming --init-from unless config.init_from is
+// empty or a safetensors file that fits config's model (every parameter and
+// buffer, by name, shape and dtype). Builds the model once and reads the
+// whole file; `dtrain train` calls it, after check_train_config, before
+// starting any rank.
+void check_init_from(const TrainConfig& config);
 
 // The values TrainConfig::strategy may name, in the order to show them, and
 // whether this build can train with one yet.

@@ -59,6 +59,12 @@ void check_train_config(const TrainConfig& c, int world_size) {
       fail("--gpt-heads " + std::to_string(c.gpt_heads) + " must divide --gpt-dim " + std::to_string(c.gpt_dim));
   }
   if (!(c.dropout >= 0.0 && c.dropout < 1.0)) fail("--dropout must be in [0, 1), got " + std::to_string(c.dropout));
+  if (!c.init_from.empty()) {
+    namespace fs = std::filesystem;
+    std::error_code error;
+    if (!fs::exists(c.init_from, error)) fail("--init-from " + c.init_from + ": no such file");
+    if (fs::is_directory(c.init_from, error)) fail("--init-from " + c.init_from + " is a folder; give a .safetensors file");
+  }
   check_data(c);
 
   train::check_strategy({.name = c.strategy, .compress = c.compress, .mixed_precision = c.mixed_precision},

@@ -17,6 +17,7 @@
 #include "dtrain/data.h"
 #include "dtrain/memory.h"
 #include "train/evaluate.h"
+#include "train/initial_weights.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/model.h"
@@ -139,6 +140,10 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
 
   torch::manual_seed(config.seed);  // the same weights on every rank
   train::Model model = train::build_model(config);
+  if (!config.init_from.empty()) {
+    train::load_initial_weights(*model.module, config.init_from);
+    memory::reset_peak();  // the file's tensors are freed again: not training's memory (the model still counts)
+  }
   auto strategy = train::wrap_model(
       model, {.name = config.strategy, .compress = config.compress, .mixed_precision = config.mixed_precision}, world);
   // Dropout then draws different masks on each rank, as on different samples.
@@ -161,7 +166,7 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
 
   if (printing) {
     std::cout << "dtrain train: " << describe_model(config) << ", " << format_parameters(model.parameters)
-              << " parameters\n"
+              << " parameters" << (config.init_from.empty() ? "" : ", initial weights from " + config.init_from) << "\n"
               << "  data      " << data.description << "\n"
               << "  strategy  " << config.strategy << (config.compress != "none" ? " (" + config.compress + " compression)" : "")
               << " on " << world_size << (world_size == 1 ? " rank" : " ranks") << " (" << world->backend_name()

@@ -1,0 +1,28 @@
+#include "train/initial_weights.h"
+
+#include "dtrain/checkpoint.h"
+#include "dtrain/train.h"
+#include "train/model.h"
+
+#include <stdexcept>
+
+namespace dtrain {
+namespace train {
+
+void load_initial_weights(torch::nn::Module& module, const std::string& path) {
+  try {
+    load_state_into(module, load_safetensors(path));
+  } catch (const std::runtime_error& error) {
+    throw std::invalid_argument(std::string("--init-from: ") + error.what());
+  }
+}
+
+}  // namespace train
+
+void check_init_from(const TrainConfig& config) {
+  if (config.init_from.empty()) return;
+  const train::Model model = train::build_model(config);
+  train::load_initial_weights(*model.module, config.init_from);
+}
+
+}  // namespace dtrain
