@@ -1,5 +1,7 @@
 #include "fsdp/flat_parameter.h"
 
+#include <c10/core/DeviceGuard.h>
+
 #include <dtrain/comm.h>
 
 #include <c10/core/Allocator.h>
@@ -78,6 +80,9 @@ void FlatParameter::allocate_full() {
   if (full_is_shard_ || full_allocated()) return;
   auto* storage = full_.storage().unsafeGetStorageImpl();
   const size_t bytes = static_cast<size_t>(padded_numel_) * full_.element_size();
+  // The CUDA allocator allocates on the current device; make that the
+  // buffer's own (cuda:LOCAL_RANK), whatever the calling thread's is.
+  c10::DeviceGuard on_device(full_.device());
   storage->set_data_ptr_noswap(c10::GetAllocator(full_.device().type())->allocate(bytes));
   storage->set_nbytes(bytes);
 }

@@ -32,6 +32,29 @@ c10d::ReduceOp c10d_op(BackendReduce op) {
   return c10d::ReduceOp::SUM;
 }
 
+// LibTorch 2.15 names the flat collectives all_gather_single and
+// reduce_scatter_single (the old _allgather_base / _reduce_scatter_base stay
+// as deprecated aliases); LibTorch 2.11 (the GPU machine's) has only the old
+// names. Call whichever the headers declare.
+template <class Group>
+c10::intrusive_ptr<c10d::Work> all_gather_single(Group& group, at::Tensor& out, at::Tensor& in) {
+  if constexpr (requires { group.all_gather_single(out, in); }) {
+    return group.all_gather_single(out, in);
+  } else {
+    return group._allgather_base(out, in);
+  }
+}
+
+template <class Group>
+c10::intrusive_ptr<c10d::Work> reduce_scatter_single(Group& group, at::Tensor& out, at::Tensor& in,
+                                                     const c10d::ReduceScatterOptions& options) {
+  if constexpr (requires { group.reduce_scatter_single(out, in, options); }) {
+    return group.reduce_scatter_single(out, in, options);
+  } else {
+    return group._reduce_scatter_base(out, in, options);
+  }
+}
+
 // Moving data only needs the element size; these dtypes every group supports.
 torch::Tensor as_transport(const torch::Tensor& t) {
   switch (t.element_size()) {
@@ -77,7 +100,7 @@ class C10dBackend final : public Backend {
     if (full.numel() % size_ == 0) {
       auto out = as_transport(full);
       auto in = as_transport(shard);
-      wait_for(group.all_gather_single(out, in), "all_gather_single");
+      wait_for(all_gather_single(group, out, in), "all_gather_single");
       return;
     }
     // Unequal shards: gather equal padded pieces, then drop the padding.
@@ -87,7 +110,7 @@ class C10dBackend final : public Backend {
     auto padded_out = torch::empty({piece * size_}, full.options());
     auto out = as_transport(padded_out);
     auto in = as_transport(padded_in);
-    wait_for(group.all_gather_single(out, in), "all_gather_single");
+    wait_for(all_gather_single(group, out, in), "all_gather_single");
     for (int r = 0; r < size_; ++r) {
       const auto range = shard_range(full.numel(), size_, r);
       full.narrow(0, range.offset, range.count).copy_(padded_out.narrow(0, r * piece, range.count));
@@ -100,7 +123,7 @@ class C10dBackend final : public Backend {
     options.reduceOp = c10d_op(op);
     if (full.numel() % size_ == 0) {
       auto in = full;
-      wait_for(group.reduce_scatter_single(shard, in, options), "reduce_scatter_single");
+      wait_for(reduce_scatter_single(group, shard, in, options), "reduce_scatter_single");
       return;
     }
     const int64_t piece = shard_range(full.numel(), size_, 0).count;
@@ -110,7 +133,7 @@ class C10dBackend final : public Backend {
       padded_in.narrow(0, r * piece, range.count).copy_(full.narrow(0, range.offset, range.count));
     }
     auto padded_out = torch::empty({piece}, shard.options());
-    wait_for(group.reduce_scatter_single(padded_out, padded_in, options), "reduce_scatter_single");
+    wait_for(reduce_scatter_single(group, padded_out, padded_in, options), "reduce_scatter_single");
     shard.copy_(padded_out.narrow(0, 0, shard.numel()));
   }
 

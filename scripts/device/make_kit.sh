@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Builds .devkit/: the Debian 12 development packages dtrain needs and a bare
+# GPU machine lacks (OpenMPI, GoogleTest, nlohmann-json, CLI11, zlib headers),
+# unpacked (dpkg -x, no install) so that scripts/device/gpu_check.sh can point
+# CMake at them there. Run here, from anywhere in the repository; needs
+# apt-get (for `apt-get download`) and network, no root.
+#
+# What goes in (and why so little):
+#   root/            the packages' files, docs and man pages dropped
+#     OpenMPI: headers, libmpi / libmpi_cxx and the libraries they load
+#     (libopen-rte, libopen-pal, hwloc, libevent). The MCA plugins are left
+#     out: on the GPU machine dtrain runs with --backend c10d, never MPI_Init,
+#     so libmpi only has to link and load.
+#   fallback/udev/, fallback/z/   libudev.so.1 and libz.so.1, each put on
+#                    LD_LIBRARY_PATH by gpu_check.sh only where the machine
+#                    has none of its own.
+set -euo pipefail
+
+repo=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
+kit="$repo/.devkit"
+grep -qxF '/.devkit/' "$repo/.git/info/exclude" 2>/dev/null || echo '/.devkit/' >>"$repo/.git/info/exclude"
+
+packages=(
+  libopenmpi-dev libopenmpi3 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7
+  libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
+  libudev1 zlib1g
+)
+
+# Built aside and moved into place at the end: a failed download leaves the
+# old kit as it was.
+final_kit=$kit
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+kit=$work/kit
+mkdir -p "$kit/debs" "$kit/unpacked" "$kit/root" "$kit/fallback/udev" "$kit/fallback/z"
+(cd "$kit/debs" && apt-get download "${packages[@]}")
+for deb in "$kit"/debs/*.deb; do dpkg -x "$deb" "$kit/unpacked"; done
+
+u="$kit/unpacked"
+r="$kit/root"
+multiarch=usr/lib/x86_64-linux-gnu
+mkdir -p "$r/$multiarch" "$r/usr/include" "$r/usr/share"
+
+# Headers and CMake package configs (header-only libraries, GTest).
+cp -a "$u/usr/include/." "$r/usr/include/"
+cp -a "$u/usr/share/cmake" "$r/usr/share/"
+[ -d "$u/usr/lib/cmake" ] && mkdir -p "$r/usr/lib" && cp -a "$u/usr/lib/cmake" "$r/usr/lib/"
+cp -a "$u/$multiarch/cmake" "$r/$multiarch/"
+cp -a "$u/$multiarch"/libgtest*.a "$u/$multiarch"/libgmock*.a "$r/$multiarch/"
+
+# OpenMPI: include/ and the unversioned link names in openmpi/lib, which point
+# at ../../libmpi.so.40 etc. (kept relative, so the kit can move).
+mkdir -p "$r/$multiarch/openmpi/lib"
+cp -a "$u/$multiarch/openmpi/include" "$r/$multiarch/openmpi/"
+cp -a "$u/$multiarch/openmpi/lib/libmpi.so" "$u/$multiarch/openmpi/lib/libmpi_cxx.so" "$r/$multiarch/openmpi/lib/"
+for lib in libmpi.so.40 libmpi_cxx.so.40 libopen-rte.so.40 libopen-pal.so.40 libhwloc.so.15 \
+           libevent_core-2.1.so.7 libevent_pthreads-2.1.so.7; do
+  cp -a "$u/$multiarch/$lib"* "$r/$multiarch/"
+done
+
+# Runtime libraries nearly every system has; used only where one is missing.
+for pair in udev:libudev.so.1 z:libz.so.1; do
+  dir=${pair%%:*} lib=${pair#*:}
+  real=$(find "$u" -name "$lib*" -type f | head -n1)
+  cp "$real" "$kit/fallback/$dir/$lib"
+done
+
+rm -rf "$kit/debs" "$kit/unpacked" "$r/usr/include/openmpi" 2>/dev/null || true
+find "$r" -xtype l -print -delete | sed 's/^/dangling link removed: /'
+
+# Every library in the kit must find all it needs within the kit, the
+# fallback folder or the C runtime.
+missing=$(LD_LIBRARY_PATH="$r/$multiarch:$kit/fallback/udev:$kit/fallback/z" ldd "$r/$multiarch"/lib*.so.* | grep 'not found' || true)
+if [ -n "$missing" ]; then
+  echo "kit libraries miss dependencies:" >&2
+  echo "$missing" >&2
+  exit 1
+fi
+rm -rf "$final_kit"
+mv "$kit" "$final_kit"
+echo "kit: $(du -sh "$final_kit" | cut -f1) in $final_kit"
