@@ -83,6 +83,9 @@ class FullySharded final : public Strategy {
   std::string name_;
 };
 
+
+}  // namespace
+
 // zero1 / zero2 / fsdp / hsdp as FSDP options. hsdp shards inside groups of
 // half the ranks (two replicas) when the world is even and at least 4,
 // otherwise over the whole world.
@@ -96,8 +99,6 @@ FSDPOptions fsdp_options(const StrategyOptions& options, int world_size) {
   if (options.mixed_precision == "bf16") fsdp.mixed_precision.param_dtype = torch::kBFloat16;
   return fsdp;
 }
-
-}  // namespace
 
 void check_strategy(const StrategyOptions& options, int world_size) {
   const auto names = strategy_names();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "dtrain/comm.h"
+#include "dtrain/fsdp.h"
 #include "train/model.h"
 
 #include <torch/optim/optimizer.h>
@@ -45,6 +46,10 @@ struct StrategyOptions {
   std::string compress = "none";         // ddp: a comm hook (dtrain::hooks::by_name)
   std::string mixed_precision = "none";
 };
+
+// zero1 / zero2 / fsdp / hsdp as the FSDPOptions wrap_model uses on
+// `world_size` ranks (also what `dtrain plan` is asked about at the end of a run).
+FSDPOptions fsdp_options(const StrategyOptions& options, int world_size);
 
 // Wraps `model` for options.name over `world`. Every rank calls it with the
 // same model (same seed). Throws std::invalid_argument for a strategy this

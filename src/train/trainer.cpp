@@ -19,6 +19,7 @@
 #include "train/evaluate.h"
 #include "train/initial_weights.h"
 #include "train/lr_schedule.h"
+#include "train/memory_summary.h"
 #include "train/metrics.h"
 #include "train/model.h"
 #include "train/optimizer.h"
@@ -313,6 +314,7 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
     text << "done: " << total << " steps in " << train::format_duration(train_seconds) << " (median step "
          << result.step_time_s_median << " s); peak memory per rank " << per_rank_bytes(peaks) << ", peak RSS "
          << train::format_bytes(result.peak_rss_bytes) << "\n";
+    if (auto memory = train::memory_summary(config, world_size, peaks)) text << *memory << "\n";
     std::cout << text.str() << std::flush;
   }
   return result;
