@@ -30,6 +30,7 @@ JOBS=${JOBS:-$(nproc)}
 CUDA_ARCH=${CUDA_ARCH:-9.0}
 DEADLINE=${DEADLINE:-560}
 KIT=$repo/.devkit
+export CPLUS_INCLUDE_PATH="$KIT/gloo-include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu_check.log") 2>&1
 tee_pid=$!

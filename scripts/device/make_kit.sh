@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds .devkit/: the Debian 12 development packages dtrain needs and a bare
-# GPU machine lacks (OpenMPI, GoogleTest, nlohmann-json, CLI11, zlib headers),
+# GPU machine lacks (OpenMPI, GoogleTest, nlohmann-json, CLI11, zlib and Gloo headers),
 # unpacked (dpkg -x, no install) so that scripts/device/gpu_check.sh can point
 # CMake at them there. Run here, from anywhere in the repository; needs
 # apt-get (for `apt-get download`) and network, no root.
@@ -11,6 +11,7 @@
 #     (libopen-rte, libopen-pal, hwloc, libevent). The MCA plugins are left
 #     out: on the GPU machine dtrain runs with --backend c10d, never MPI_Init,
 #     so libmpi only has to link and load.
+#   gloo-include/    Gloo's headers (LibTorch's c10d Gloo header includes them)
 #   fallback/udev/, fallback/z/   libudev.so.1 and libz.so.1, each put on
 #                    LD_LIBRARY_PATH by gpu_check.sh only where the machine
 #                    has none of its own.
@@ -22,7 +23,7 @@ grep -qxF '/.devkit/' "$repo/.git/info/exclude" 2>/dev/null || echo '/.devkit/' 
 
 packages=(
   libopenmpi-dev libopenmpi3 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7
-  libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
+  libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev zlib1g-dev libgloo-dev
   libudev1 zlib1g
 )
 
@@ -65,6 +66,10 @@ for pair in udev:libudev.so.1 z:libz.so.1; do
   cp "$real" "$kit/fallback/$dir/$lib"
 done
 
+# Gloo's headers (LibTorch's ProcessGroupGloo.hpp includes them; the wheel
+# ships none) in a folder of their own, which gpu_check.sh puts on
+# CPLUS_INCLUDE_PATH: dtrain's CMake expects them in the system's /usr/include.
+mkdir -p "$kit/gloo-include" && mv "$r/usr/include/gloo" "$kit/gloo-include/"
 rm -rf "$kit/debs" "$kit/unpacked" "$r/usr/include/openmpi" 2>/dev/null || true
 find "$r" -xtype l -print -delete | sed 's/^/dangling link removed: /'
 
