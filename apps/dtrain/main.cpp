@@ -3,6 +3,7 @@
 #include "bench_collectives.h"
 #include "bench_ddp.h"
 #include "bench_fsdp.h"
+#include "checkpoint.h"
 #include "launch.h"
 #include "plan.h"
 #include "train.h"
@@ -96,6 +97,9 @@ int main(int argc, char** argv) {
 
   auto* train_cmd = dtrain::cli::add_train_subcommand(app);
 
+  dtrain::cli::CheckpointFlags checkpoint_flags;
+  const auto checkpoint_cmds = dtrain::cli::add_checkpoint_subcommand(app, checkpoint_flags);
+
   std::vector<std::string> program_after_dashes;
   if (argc > 1 && std::string(argv[1]) == "launch") {
     for (int i = 2; i < argc; ++i) {
@@ -159,6 +163,8 @@ int main(int argc, char** argv) {
       return dtrain::cli::bench_fsdp(bench_fsdp);
     }
     if (plan_cmd->parsed()) return dtrain::cli::plan_main(plan_flags);
+    if (checkpoint_cmds.inspect->parsed()) return dtrain::cli::checkpoint_inspect(checkpoint_flags);
+    if (checkpoint_cmds.export_->parsed()) return dtrain::cli::checkpoint_export(checkpoint_flags);
   } catch (const std::invalid_argument& error) {
     std::cerr << "dtrain: " << error.what() << std::endl;
     return 2;

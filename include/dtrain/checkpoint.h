@@ -79,3 +79,114 @@ void save_module_safetensors(const torch::nn::Module& module, const std::string&
 void load_state_into(torch::nn::Module& module, const SafetensorsFile& file);
 
 }  // namespace dtrain
+
+// ------------------------------------------------------- sharded checkpoints
+//
+// A training checkpoint is a directory:
+//
+//   DIR/rank-00000-of-00004.safetensors   this rank's pieces of every parameter,
+//   ...                                   buffer and optimizer state tensor
+//   DIR/manifest.json                     written last, by rank 0
+//
+// Every tensor is cut along its flattened elements: a rank file holds, under
+// the tensor's global name, the 1-D piece [begin, end) of the flattened
+// tensor, and the manifest lists, per file, which piece of which tensor it
+// holds, plus each tensor's dtype and global shape and each file's size and
+// xxHash64. Optimizer state is stored under "optim/PARAM/KEY" (AdamW/Adam:
+// exp_avg, exp_avg_sq, max_exp_avg_sq, step; SGD: momentum_buffer).
+//
+// Who writes what: FSDP ranks write the parameter pieces they own;
+// replicated data (DDP, single process, buffers, Sharding::None and the
+// replicas of Sharding::Hybrid) is split evenly across the ranks that hold a
+// copy, so every rank writes about 1/world of it and no byte is written
+// twice (write bandwidth scales with ranks; the loader is one code path).
+//
+// A checkpoint saved at world size N with any strategy loads at any world
+// size M with any strategy: each rank reads, for each of its pieces, the
+// saved pieces that overlap it. After loading, training continues exactly as
+// if uninterrupted.
+//
+//   dtrain::save_checkpoint("ckpt/step-100", fsdp, &optimizer, 100);   // collective
+//   auto info = dtrain::load_checkpoint("ckpt/step-100", fsdp, &optimizer);  // collective
+//   // DDP or single process: pass the module and the world communicator:
+//   dtrain::save_checkpoint(dir, *model, &optimizer, step, world);
+//
+// Saving is atomic: files go to DIR.tmp-STEP, are fsynced, then rank 0
+// writes the manifest and renames the directory to DIR (an existing DIR is
+// moved aside first and removed only once the new one is in place). A
+// directory without a complete, parseable manifest is never loaded, and
+// loading first checks every file's checksum: a mismatch is an error naming
+// the file, and nothing is changed.
+
+
+#include <dtrain/comm.h>
+
+#include <memory>
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace dtrain {
+
+class FullyShardedBase;
+
+// What a checkpoint says about itself (manifest.json).
+struct CheckpointManifest {
+  struct Tensor {
+    std::string dtype;           // "float32", "int64", ... (dtrain::dtype_name)
+    std::vector<int64_t> shape;  // global shape
+  };
+  struct Piece {
+    std::string name;
+    int64_t begin = 0, end = 0;  // elements of the flattened tensor
+  };
+  struct File {
+    std::string name;  // relative to the directory
+    int64_t bytes = 0;
+    uint64_t xxh64 = 0;
+    std::vector<Piece> pieces;
+  };
+  int format_version = 1;
+  int64_t step = 0;
+  int world_size = 1;
+  std::string strategy;   // "single", "ddp", or an FSDP strategy ("full", "gradop", ...)
+  std::string optimizer;  // "adamw", "adam", "sgd" or "none"
+  std::map<std::string, std::string> extra;
+  std::map<std::string, Tensor> tensors;
+  std::vector<File> files;
+};
+
+// Reads DIR/manifest.json. Throws std::runtime_error naming the directory
+// when it is missing, truncated or malformed (such a directory is no
+// checkpoint, e.g. a save that was interrupted).
+CheckpointManifest read_checkpoint_manifest(const std::string& dir);
+
+// One line per file whose size or xxHash64 differs from the manifest
+// ("rank-00001-of-00002.safetensors: checksum ..."); empty when all match.
+std::vector<std::string> verify_checkpoint_files(const std::string& dir, const CheckpointManifest& manifest);
+
+// The full tensors of the checkpoint (parameters and buffers; with
+// optimizer_state also "optim/..." entries), assembled from every rank file.
+// Single process; checks checksums first.
+std::map<std::string, torch::Tensor> load_full_checkpoint(const std::string& dir, bool optimizer_state = false);
+
+// Collective over `comm` (null: single process). `model` is the plain module
+// (single process) or the module a DDP replica wraps (every rank equal).
+// `optimizer` may be null (no optimizer state saved / loaded).
+void save_checkpoint(const std::string& dir, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                     int64_t step, const CommPtr& comm = nullptr, const std::map<std::string, std::string>& extra = {});
+// Collective over fsdp.comm(): each rank saves its shards.
+void save_checkpoint(const std::string& dir, FullyShardedBase& fsdp, torch::optim::Optimizer* optimizer, int64_t step,
+                     const std::map<std::string, std::string>& extra = {});
+
+// Loads parameters, buffers and (when `optimizer` is given and the
+// checkpoint has it) optimizer state; returns the manifest (step, extra).
+// Throws std::runtime_error (on every rank) when the checkpoint is
+// incomplete, corrupt, or does not match the model (names, global shapes)
+// or the optimizer's type; the model is then unchanged.
+CheckpointManifest load_checkpoint(const std::string& dir, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                                   const CommPtr& comm = nullptr);
+CheckpointManifest load_checkpoint(const std::string& dir, FullyShardedBase& fsdp, torch::optim::Optimizer* optimizer);
+
+}  // namespace dtrain

@@ -105,6 +105,17 @@ struct FSDPUnitInfo {
   std::vector<std::string> parameters;
 };
 
+// One parameter as this rank holds it (checkpoints): outside forward and
+// backward the parameter's data is elements [begin, end) of the flattened
+// full-size parameter, a 1-D piece (possibly empty).
+struct FSDPParameterShard {
+  std::string name;            // qualified from the root
+  std::vector<int64_t> shape;  // full shape
+  int64_t begin = 0;
+  int64_t end = 0;
+  torch::Tensor parameter;     // the parameter itself (optimizers key their state by it)
+};
+
 namespace detail {
 class FSDPState;
 // Runs `forward` as the unit registered for `module` (gather, forward,
@@ -146,6 +157,10 @@ class FullyShardedBase {
   std::vector<FSDPUnitInfo> units() const;
   // This rank's shards (what model->parameters() returns after sharding).
   std::vector<torch::Tensor> parameters() const;
+  // Every parameter's piece on this rank, unit by unit in flat order.
+  std::vector<FSDPParameterShard> parameter_shards() const;
+  // The wrapped root module (its buffers are replicated, not sharded).
+  const std::shared_ptr<torch::nn::Module>& root_module() const;
 
   // Every parameter at full size, by name, in the parameters' dtype, plus
   // buffers. Collective; with rank0_only the other ranks get an empty map.

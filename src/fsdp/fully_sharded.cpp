@@ -76,6 +76,18 @@ std::vector<FSDPUnitInfo> FullyShardedBase::units() const {
 
 std::vector<torch::Tensor> FullyShardedBase::parameters() const { return state_->root()->parameters(); }
 
+std::vector<FSDPParameterShard> FullyShardedBase::parameter_shards() const {
+  std::vector<FSDPParameterShard> shards;
+  for (const auto& unit : state_->units()) {
+    for (const auto& entry : unit->flat().entries()) {
+      shards.push_back({entry.name, entry.shape, entry.local_begin, entry.local_begin + entry.local_count, entry.param});
+    }
+  }
+  return shards;
+}
+
+const std::shared_ptr<torch::nn::Module>& FullyShardedBase::root_module() const { return state_->root(); }
+
 int64_t FullyShardedBase::sharded_parameter_bytes() const {
   int64_t bytes = 0;
   for (const auto& unit : state_->units()) {

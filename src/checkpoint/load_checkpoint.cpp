@@ -1,0 +1,217 @@
+// Sharded load with resharding: each rank reads, for each piece it holds,
+// the saved pieces that overlap it, whatever world size and strategy wrote
+// them. Everything is read and checked before anything is copied, so a
+// failed load leaves model and optimizer as they were.
+#include "checkpoint/held_state.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/rank_agreement.h"
+#include "checkpoint/rank_file_reader.h"
+
+#include <dtrain/checkpoint.h>
+#include <dtrain/fsdp.h>
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <stdexcept>
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Reads element ranges of the checkpoint's tensors from the rank files
+// (only the bytes each range needs; each file's header parsed once).
+class CheckpointReader {
+ public:
+  CheckpointReader(std::string dir, const CheckpointManifest& manifest) : dir_(std::move(dir)), manifest_(manifest) {
+    for (size_t f = 0; f < manifest_.files.size(); ++f) {
+      for (const auto& piece : manifest_.files[f].pieces) index_[piece.name].push_back({f, piece.begin, piece.end});
+    }
+    files_.resize(manifest_.files.size());
+  }
+
+  // Elements [begin, end) of the flattened tensor `name`, as a 1-D tensor.
+  torch::Tensor read(const std::string& name, int64_t begin, int64_t end, torch::ScalarType dtype) {
+    auto out = torch::empty({end - begin}, dtype);
+    int64_t covered = 0;
+    for (const auto& saved : index_[name]) {
+      const int64_t lo = std::max(begin, saved.begin), hi = std::min(end, saved.end);
+      if (lo >= hi) continue;
+      // Elements [lo, hi) straight from the file: the piece starts at saved.begin.
+      const auto& source = file(saved.file);
+      if (source.numel(name) != saved.end - saved.begin) {
+        throw std::runtime_error(manifest_.files[saved.file].name + ": '" + name + "' has " +
+                                 std::to_string(source.numel(name)) + " elements, the manifest says " +
+                                 std::to_string(saved.end - saved.begin));
+      }
+      source.read(name, lo - saved.begin, out.narrow(0, lo - begin, hi - lo));
+      covered += hi - lo;
+    }
+    if (covered != end - begin) {
+      throw std::runtime_error(dir_ + ": the rank files hold " + std::to_string(covered) + " of elements [" +
+                               std::to_string(begin) + ", " + std::to_string(end) + ") of '" + name +
+                               "' (checkpoint incomplete or inconsistent)");
+    }
+    return out;
+  }
+
+ private:
+  struct Saved {
+    size_t file;
+    int64_t begin, end;
+  };
+  const detail::RankFileReader& file(size_t f) {
+    if (!files_[f]) {
+      files_[f] = std::make_unique<detail::RankFileReader>((fs::path(dir_) / manifest_.files[f].name).string());
+    }
+    return *files_[f];
+  }
+
+  std::string dir_;
+  const CheckpointManifest& manifest_;
+  std::map<std::string, std::vector<Saved>> index_;
+  std::vector<std::unique_ptr<detail::RankFileReader>> files_;
+};
+
+// Collective: rank r checks files r, r + world, ...; every rank learns which
+// failed and throws the same error naming them.
+void verify_files(const std::string& dir, const CheckpointManifest& manifest, const CommPtr& comm) {
+  const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
+  std::vector<int64_t> bad(manifest.files.size(), 0);
+  std::map<size_t, std::string> mine;
+  for (size_t f = static_cast<size_t>(rank); f < manifest.files.size(); f += static_cast<size_t>(world)) {
+    CheckpointManifest one;
+    one.files = {manifest.files[f]};
+    const auto problems = verify_checkpoint_files(dir, one);
+    if (!problems.empty()) {
+      bad[f] = 1;
+      mine[f] = problems.front();
+    }
+  }
+  bad = detail::all_max(comm, bad);
+  std::string message;
+  for (size_t f = 0; f < bad.size(); ++f) {
+    if (!bad[f]) continue;
+    message += message.empty() ? "" : "; ";
+    message += mine.count(f) ? mine[f] : manifest.files[f].name + ": size or xxh64 checksum differs from the manifest";
+  }
+  if (!message.empty()) {
+    throw std::runtime_error("load_checkpoint: " + dir + " is damaged, nothing was loaded: " + message);
+  }
+}
+
+CheckpointManifest read_manifest_everywhere(const std::string& dir, const CommPtr& comm) {
+  CheckpointManifest manifest;
+  std::string error;
+  try {
+    manifest = read_checkpoint_manifest(dir);
+  } catch (const std::exception& e) {
+    error = std::string("load_checkpoint: ") + e.what();
+  }
+  detail::agree_or_throw(comm, error);
+  return manifest;
+}
+
+CheckpointManifest load_held(const std::string& dir, const detail::HeldModel& held, torch::optim::Optimizer* optimizer,
+                             const CommPtr& comm) {
+  torch::NoGradGuard no_grad;
+  const CheckpointManifest manifest = read_manifest_everywhere(dir, comm);
+  verify_files(dir, manifest, comm);
+
+  const std::string kind = detail::optimizer_kind(optimizer);
+  std::vector<torch::Tensor> staged(held.tensors.size());
+  std::vector<std::map<std::string, torch::Tensor>> optimizer_values(held.tensors.size());
+  std::string error;
+  try {
+    // Names and shapes first: a clear error instead of a partial load.
+    std::map<std::string, bool> model_names;
+    std::string problems;
+    for (const auto& tensor : held.tensors) {
+      model_names[tensor.name] = true;
+      auto it = manifest.tensors.find(tensor.name);
+      if (it == manifest.tensors.end()) {
+        problems += "; the checkpoint lacks '" + tensor.name + "'";
+      } else if (it->second.shape != tensor.shape) {
+        problems += "; '" + tensor.name + "' is " + c10::str(c10::IntArrayRef(it->second.shape)) +
+                    " in the checkpoint but " + c10::str(c10::IntArrayRef(tensor.shape)) + " in the model";
+      }
+    }
+    for (const auto& [name, tensor] : manifest.tensors) {
+      if (name.rfind("optim/", 0) != 0 && !model_names.count(name)) problems += "; the model lacks '" + name + "'";
+    }
+    if (optimizer && manifest.optimizer != kind) {
+      problems += "; the checkpoint holds " + manifest.optimizer + " optimizer state but the optimizer is " + kind +
+                  (manifest.optimizer == "none" ? " (pass nullptr to load the model alone)" : "");
+    }
+    if (!problems.empty()) throw std::runtime_error(dir + " does not match the model" + problems);
+
+    CheckpointReader reader(dir, manifest);
+    for (size_t i = 0; i < held.tensors.size(); ++i) {
+      const auto& tensor = held.tensors[i];
+      staged[i] = reader.read(tensor.name, tensor.begin, tensor.end, tensor.flat.scalar_type());
+      if (!optimizer || !tensor.parameter.defined()) continue;
+      for (const auto& key : detail::optimizer_state_keys(kind)) {
+        const auto name = detail::optimizer_state_name(tensor.name, key);
+        if (!manifest.tensors.count(name)) continue;
+        optimizer_values[i][key] = key == "step" ? reader.read(name, 0, 1, torch::kInt64)
+                                                 : reader.read(name, tensor.begin, tensor.end, tensor.flat.scalar_type());
+      }
+    }
+  } catch (const std::exception& e) {
+    error = std::string("load_checkpoint: ") + e.what();
+  }
+  detail::agree_or_throw(comm, error);
+
+  for (size_t i = 0; i < held.tensors.size(); ++i) {
+    held.tensors[i].flat.copy_(staged[i]);
+    if (!optimizer || !held.tensors[i].parameter.defined()) continue;
+    if (optimizer_values[i].empty()) {
+      optimizer->state().erase(held.tensors[i].parameter.unsafeGetTensorImpl());
+    } else {
+      detail::set_optimizer_state(*optimizer, held.tensors[i].parameter, optimizer_values[i]);
+    }
+  }
+  return manifest;
+}
+
+}  // namespace
+
+CheckpointManifest load_checkpoint(const std::string& dir, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                                   const CommPtr& comm) {
+  return load_held(dir, detail::held_by_module(model, comm), optimizer, comm);
+}
+
+CheckpointManifest load_checkpoint(const std::string& dir, FullyShardedBase& fsdp, torch::optim::Optimizer* optimizer) {
+  return load_held(dir, detail::held_by_fsdp(fsdp), optimizer, fsdp.comm());
+}
+
+std::map<std::string, torch::Tensor> load_full_checkpoint(const std::string& dir, bool optimizer_state) {
+  const CheckpointManifest manifest = read_checkpoint_manifest(dir);
+  verify_files(dir, manifest, nullptr);
+  // dtypes by name, from the tensors' names in the manifest.
+  std::map<std::string, torch::ScalarType> dtypes;
+  for (auto dtype : {torch::kFloat32, torch::kFloat64, torch::kBFloat16, torch::kFloat16, torch::kInt64, torch::kInt32,
+                     torch::kInt16, torch::kInt8, torch::kUInt8, torch::kBool}) {
+    dtypes[dtype_name(dtype)] = dtype;
+  }
+  CheckpointReader reader(dir, manifest);
+  std::map<std::string, torch::Tensor> result;
+  for (const auto& [name, tensor] : manifest.tensors) {
+    if (!optimizer_state && name.rfind("optim/", 0) == 0) continue;
+    auto dtype = dtypes.find(tensor.dtype);
+    if (dtype == dtypes.end()) throw std::runtime_error(dir + ": '" + name + "' has unsupported dtype " + tensor.dtype);
+    result[name] = reader.read(name, 0, numel_of(tensor.shape), dtype->second).view(tensor.shape);
+  }
+  return result;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,210 @@
+#include "checkpoint/manifest.h"
+
+#include <nlohmann/json.hpp>
+#include <xxhash.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+namespace dtrain {
+namespace detail {
+
+using nlohmann::json;
+
+std::string rank_file_name(int rank, int world_size) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "rank-%05d-of-%05d.safetensors", rank, world_size);
+  return name;
+}
+
+uint64_t file_xxh64(const std::string& path) {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"), std::fclose);
+  if (!file) throw std::runtime_error(path + ": cannot open for reading");
+  std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> state(XXH64_createState(), XXH64_freeState);
+  XXH64_reset(state.get(), 0);
+  std::vector<char> buffer(1 << 20);
+  size_t got = 0;
+  while ((got = std::fread(buffer.data(), 1, buffer.size(), file.get())) > 0) XXH64_update(state.get(), buffer.data(), got);
+  if (std::ferror(file.get())) throw std::runtime_error(path + ": read error");
+  return XXH64_digest(state.get());
+}
+
+int64_t file_bytes(const std::string& path) {
+  std::error_code error;
+  const auto size = std::filesystem::file_size(path, error);
+  if (error) throw std::runtime_error(path + ": " + error.message());
+  return static_cast<int64_t>(size);
+}
+
+namespace {
+
+std::string hex(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+uint64_t from_hex(const std::string& text) {
+  if (text.size() != 16 || text.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    throw std::runtime_error("xxh64 '" + text + "' is not 16 hex digits");
+  }
+  return std::stoull(text, nullptr, 16);
+}
+
+json file_json(const CheckpointManifest::File& file) {
+  json pieces = json::array();
+  for (const auto& piece : file.pieces) pieces.push_back({piece.name, piece.begin, piece.end});
+  return {{"name", file.name}, {"bytes", file.bytes}, {"xxh64", hex(file.xxh64)}, {"pieces", pieces}};
+}
+
+CheckpointManifest::File file_from(const json& j) {
+  CheckpointManifest::File file;
+  file.name = j.at("name").get<std::string>();
+  if (file.name.empty() || file.name.find('/') != std::string::npos || file.name[0] == '.') {
+    throw std::runtime_error("file name '" + file.name + "' is not a plain file name");
+  }
+  file.bytes = j.at("bytes").get<int64_t>();
+  file.xxh64 = from_hex(j.at("xxh64").get<std::string>());
+  for (const auto& piece : j.at("pieces")) {
+    CheckpointManifest::Piece p{piece.at(0).get<std::string>(), piece.at(1).get<int64_t>(), piece.at(2).get<int64_t>()};
+    if (p.begin < 0 || p.end < p.begin) throw std::runtime_error("piece of '" + p.name + "' has a bad range");
+    file.pieces.push_back(std::move(p));
+  }
+  return file;
+}
+
+json tensor_json(const CheckpointManifest::Tensor& tensor) { return {{"dtype", tensor.dtype}, {"shape", tensor.shape}}; }
+
+CheckpointManifest::Tensor tensor_from(const json& j) {
+  CheckpointManifest::Tensor tensor{j.at("dtype").get<std::string>(), j.at("shape").get<std::vector<int64_t>>()};
+  for (int64_t d : tensor.shape) {
+    if (d < 0) throw std::runtime_error("negative dimension");
+  }
+  return tensor;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
+
+std::string file_record_to_json(const CheckpointManifest::File& file,
+                                const std::map<std::string, CheckpointManifest::Tensor>& tensors) {
+  json record = file_json(file);
+  json table = json::object();
+  for (const auto& [name, tensor] : tensors) table[name] = tensor_json(tensor);
+  record["tensors"] = table;
+  return record.dump();
+}
+
+CheckpointManifest::File file_record_from_json(const std::string& text,
+                                               std::map<std::string, CheckpointManifest::Tensor>& tensors) {
+  const json record = json::parse(text);
+  for (const auto& [name, value] : record.at("tensors").items()) {
+    auto tensor = tensor_from(value);
+    auto [it, fresh] = tensors.emplace(name, tensor);
+    if (!fresh && (it->second.dtype != tensor.dtype || it->second.shape != tensor.shape)) {
+      throw std::runtime_error("ranks disagree on the dtype or shape of '" + name + "'");
+    }
+  }
+  return file_from(record);
+}
+
+std::string manifest_to_json(const CheckpointManifest& manifest) {
+  json tensors = json::object();
+  for (const auto& [name, tensor] : manifest.tensors) tensors[name] = tensor_json(tensor);
+  json files = json::array();
+  for (const auto& file : manifest.files) files.push_back(file_json(file));
+  json j = {{"format", "dtrain-sharded-checkpoint"},
+            {"format_version", manifest.format_version},
+            {"step", manifest.step},
+            {"world_size", manifest.world_size},
+            {"strategy", manifest.strategy},
+            {"optimizer", manifest.optimizer},
+            {"extra", manifest.extra},
+            {"tensors", tensors},
+            {"files", files}};
+  return j.dump(1) + "\n";
+}
+
+CheckpointManifest manifest_from_json(const std::string& text, const std::string& where) {
+  try {
+    const json j = json::parse(text);
+    if (j.at("format").get<std::string>() != "dtrain-sharded-checkpoint") throw std::runtime_error("not a dtrain checkpoint");
+    CheckpointManifest manifest;
+    manifest.format_version = j.at("format_version").get<int>();
+    if (manifest.format_version != kCheckpointFormatVersion) {
+      throw std::runtime_error("format version " + std::to_string(manifest.format_version) + ", this dtrain reads " +
+                               std::to_string(kCheckpointFormatVersion));
+    }
+    manifest.step = j.at("step").get<int64_t>();
+    manifest.world_size = j.at("world_size").get<int>();
+    manifest.strategy = j.at("strategy").get<std::string>();
+    manifest.optimizer = j.at("optimizer").get<std::string>();
+    manifest.extra = j.at("extra").get<std::map<std::string, std::string>>();
+    for (const auto& [name, value] : j.at("tensors").items()) manifest.tensors[name] = tensor_from(value);
+    for (const auto& file : j.at("files")) manifest.files.push_back(file_from(file));
+    if (manifest.world_size < 1 || static_cast<int>(manifest.files.size()) != manifest.world_size) {
+      throw std::runtime_error("lists " + std::to_string(manifest.files.size()) + " files for world size " +
+                               std::to_string(manifest.world_size));
+    }
+    for (const auto& file : manifest.files) {
+      for (const auto& piece : file.pieces) {
+        auto it = manifest.tensors.find(piece.name);
+        if (it == manifest.tensors.end()) throw std::runtime_error(file.name + " holds unknown tensor '" + piece.name + "'");
+        if (piece.end > numel_of(it->second.shape)) {
+          throw std::runtime_error(file.name + " holds elements of '" + piece.name + "' beyond its size");
+        }
+      }
+    }
+    return manifest;
+  } catch (const std::exception& error) {
+    throw std::runtime_error(where + ": not a complete checkpoint manifest (" + error.what() +
+                             "); the save that wrote it did not finish, or the file was damaged");
+  }
+}
+
+}  // namespace detail
+
+CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / detail::kManifestName).string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw std::runtime_error(dir + ": no " + std::string(detail::kManifestName) +
+                             ", so this is not a complete checkpoint (an interrupted save leaves none); pass the "
+                             "directory of a finished checkpoint");
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return detail::manifest_from_json(text.str(), path);
+}
+
+std::vector<std::string> verify_checkpoint_files(const std::string& dir, const CheckpointManifest& manifest) {
+  std::vector<std::string> problems;
+  for (const auto& file : manifest.files) {
+    const std::string path = (std::filesystem::path(dir) / file.name).string();
+    try {
+      const int64_t bytes = detail::file_bytes(path);
+      if (bytes != file.bytes) {
+        problems.push_back(file.name + ": " + std::to_string(bytes) + " bytes, the manifest says " +
+                           std::to_string(file.bytes));
+        continue;
+      }
+      const uint64_t hash = detail::file_xxh64(path);
+      if (hash != file.xxh64) problems.push_back(file.name + ": xxh64 checksum does not match the manifest (file damaged)");
+    } catch (const std::exception& error) {
+      problems.push_back(file.name + ": " + error.what());
+    }
+  }
+  return problems;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,183 @@
+// Sharded save: every rank writes its pieces into DIR.tmp-STEP, rank 0 adds
+// the manifest last and renames the directory into place. See "sharded
+// checkpoints" in include/dtrain/checkpoint.h.
+#include "checkpoint/held_state.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/rank_agreement.h"
+
+#include <dtrain/checkpoint.h>
+#include <dtrain/fsdp.h>
+
+#include <torch/torch.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <set>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw std::runtime_error(path + ": cannot open to flush: " + std::strerror(errno));
+  const int result = ::fsync(fd);
+  const int saved = errno;
+  ::close(fd);
+  if (result != 0) throw std::runtime_error(path + ": fsync failed: " + std::strerror(saved));
+}
+
+void write_whole_file(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw std::runtime_error(path + ": cannot create: " + std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int saved = errno;
+      ::close(fd);
+      throw std::runtime_error(path + ": write failed: " + std::strerror(saved));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) throw std::runtime_error(path + ": cannot flush to disk");
+}
+
+// This rank's file: the part of each held piece it writes (a 1/replicas
+// share of replicated pieces), and the matching optimizer state.
+struct RankFile {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  CheckpointManifest::File record;
+  std::map<std::string, CheckpointManifest::Tensor> tensor_table;
+};
+
+void add_piece(RankFile& file, const std::string& name, const std::vector<int64_t>& shape, int64_t begin,
+               const torch::Tensor& piece) {
+  file.tensor_table[name] = {dtype_name(piece.scalar_type()), shape};
+  if (piece.numel() == 0) return;
+  file.tensors.emplace_back(name, piece);
+  file.record.pieces.push_back({name, begin, begin + piece.numel()});
+}
+
+RankFile rank_file_of(const detail::HeldModel& held, torch::optim::Optimizer* optimizer) {
+  RankFile file;
+  for (const auto& tensor : held.tensors) {
+    const auto share = shard_range(tensor.end - tensor.begin, tensor.replicas, tensor.replica);
+    const int64_t begin = tensor.begin + share.offset;
+    add_piece(file, tensor.name, tensor.shape, begin, tensor.flat.narrow(0, share.offset, share.count));
+    if (!optimizer || !tensor.parameter.defined()) continue;
+    for (const auto& [key, value] : detail::optimizer_state_of(*optimizer, tensor.parameter)) {
+      const auto name = detail::optimizer_state_name(tensor.name, key);
+      if (key == "step") {
+        // One copy: from the writer of the parameter's first element.
+        int64_t numel = 1;
+        for (int64_t d : tensor.shape) numel *= d;
+        const bool first = share.count > 0 ? begin == 0 : (numel == 0 && held.rank == 0);
+        file.tensor_table[name] = {dtype_name(value.scalar_type()), {}};
+        if (first) add_piece(file, name, {}, 0, value);
+      } else {
+        add_piece(file, name, tensor.shape, begin, value.narrow(0, share.offset, share.count));
+      }
+    }
+  }
+  return file;
+}
+
+void save_held(const std::string& dir, const detail::HeldModel& held, torch::optim::Optimizer* optimizer, int64_t step,
+               const CommPtr& comm, const std::map<std::string, std::string>& extra) {
+  torch::NoGradGuard no_grad;
+  fs::path target = fs::absolute(fs::path(dir)).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();  // "ckpt/" -> "ckpt"
+  if (dir.empty() || target == target.root_path()) {
+    throw std::invalid_argument("save_checkpoint: '" + dir + "' names no directory");
+  }
+  const fs::path temporary = target.string() + ".tmp-" + std::to_string(step);
+  const std::string kind = detail::optimizer_kind(optimizer);
+
+  std::string error;
+  if (held.rank == 0) {
+    try {
+      fs::create_directories(target.parent_path());
+      fs::remove_all(temporary);  // left over from an interrupted save
+      fs::create_directory(temporary);
+    } catch (const std::exception& e) {
+      error = "save_checkpoint: cannot create " + temporary.string() + ": " + e.what();
+    }
+  }
+  detail::agree_or_throw(comm, error);
+
+  RankFile file;
+  try {
+    file = rank_file_of(held, optimizer);
+    file.record.name = detail::rank_file_name(held.rank, held.world_size);
+    const std::string path = (temporary / file.record.name).string();
+    save_safetensors(path, file.tensors, {{"format", "pt"}, {"dtrain_step", std::to_string(step)}});  // fsyncs
+    file.record.bytes = detail::file_bytes(path);
+    file.record.xxh64 = detail::file_xxh64(path);
+  } catch (const std::exception& e) {
+    error = std::string("save_checkpoint: ") + e.what();
+  }
+  detail::agree_or_throw(comm, error);
+  const auto records = detail::all_gather_strings(comm, detail::file_record_to_json(file.record, file.tensor_table));
+
+  if (held.rank == 0) {
+    try {
+      CheckpointManifest manifest;
+      manifest.format_version = detail::kCheckpointFormatVersion;
+      manifest.step = step;
+      manifest.world_size = held.world_size;
+      manifest.strategy = held.strategy;
+      manifest.optimizer = kind;
+      manifest.extra = extra;
+      for (const auto& record : records) manifest.files.push_back(detail::file_record_from_json(record, manifest.tensors));
+      // Optimizer state no rank wrote (e.g. before the first step) is no tensor.
+      std::set<std::string> written;
+      for (const auto& f : manifest.files) {
+        for (const auto& piece : f.pieces) written.insert(piece.name);
+      }
+      for (auto it = manifest.tensors.begin(); it != manifest.tensors.end();) {
+        const bool empty_tensor = std::find(it->second.shape.begin(), it->second.shape.end(), 0) != it->second.shape.end();
+        it = it->first.rfind("optim/", 0) == 0 && !written.count(it->first) && !empty_tensor ? manifest.tensors.erase(it)
+                                                                                                : std::next(it);
+      }
+      fsync_path(temporary.string());  // the rank files' directory entries
+      write_whole_file((temporary / detail::kManifestName).string(), detail::manifest_to_json(manifest));
+      fsync_path(temporary.string());
+      // Swap in: the old checkpoint is removed only once the new one is in place.
+      fs::path aside;
+      if (fs::exists(target)) {
+        aside = target.string() + ".old-" + std::to_string(::getpid());
+        fs::remove_all(aside);
+        fs::rename(target, aside);
+      }
+      fs::rename(temporary, target);
+      fsync_path(target.parent_path().string());
+      if (!aside.empty()) fs::remove_all(aside);
+    } catch (const std::exception& e) {
+      error = "save_checkpoint: " + target.string() + ": " + e.what();
+    }
+  }
+  detail::agree_or_throw(comm, error);
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& dir, torch::nn::Module& model, torch::optim::Optimizer* optimizer, int64_t step,
+                     const CommPtr& comm, const std::map<std::string, std::string>& extra) {
+  save_held(dir, detail::held_by_module(model, comm), optimizer, step, comm, extra);
+}
+
+void save_checkpoint(const std::string& dir, FullyShardedBase& fsdp, torch::optim::Optimizer* optimizer, int64_t step,
+                     const std::map<std::string, std::string>& extra) {
+  save_held(dir, detail::held_by_fsdp(fsdp), optimizer, step, fsdp.comm(), extra);
+}
+
+}  // namespace dtrain

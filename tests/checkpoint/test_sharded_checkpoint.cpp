@@ -1,0 +1,362 @@
+// Sharded checkpoints (include/dtrain/checkpoint.h, src/checkpoint/), run at
+// several world sizes by CTest:
+// - Reshard.Save / Reshard.Load: a checkpoint saved by {ddp, zero2, fsdp} at
+//   1, 2 or 4 ranks after kStepsBefore AdamW steps loads into {ddp, fsdp} at
+//   1 or 3 ranks; kStepsAfter more steps end within 1e-5 of an uninterrupted
+//   single-process run (CTest fixtures run the saves first; the directory
+//   comes from DTRAIN_CHECKPOINT_TEST_DIR).
+// - Resume: at the same world size and strategy (ddp, zero1, zero2, fsdp,
+//   hybrid), resumed training gives bitwise the losses of uninterrupted
+//   training (AdamW and SGD momentum).
+// - Damage: a flipped byte in a rank file, a truncated or missing manifest,
+//   another model or optimizer: refused with a clear error, nothing changed.
+// - Export: `dtrain checkpoint export` writes the model's full parameters.
+#include <dtrain/checkpoint.h>
+#include <dtrain/ddp.h>
+#include <dtrain/fsdp.h>
+
+#include "../common/multirank_gtest.h"
+#include "../ddp/ddp_test_support.h"
+#include "../fsdp/fsdp_test_models.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using dtrain::testing::world;
+using dtrain::testing::world_ptr;
+
+constexpr int kStepsBefore = 3;
+constexpr int kStepsAfter = 3;
+constexpr int64_t kGlobalBatch = 12;
+
+using Sequential = torch::nn::Sequential;
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, const std::vector<torch::Tensor>& params) {
+  if (kind == "sgd") return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+  return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.01).weight_decay(0.01));
+}
+
+// One model trained by one strategy on this rank ("single": the whole
+// global batch on every rank, no communication).
+struct Trainee {
+  Trainee(const std::string& strategy, const std::string& optimizer_kind, uint64_t seed) : strategy(strategy) {
+    torch::manual_seed(seed);
+    model = fsdp_test::make_mlp();
+    if (strategy == "ddp") {
+      ddp = std::make_unique<dtrain::DistributedDataParallel<Sequential>>(model, world_ptr());
+    } else if (strategy != "single") {
+      dtrain::FSDPOptions options;
+      options.strategy = dtrain::sharding_from_string(strategy);
+      const int w = world().size();
+      options.hybrid_group_size = (w % 2 == 0 && w > 2) ? 2 : w;  // real groups of 2 at 4 ranks
+      fsdp = std::make_unique<dtrain::FullyShardedDataParallel<Sequential>>(model, world_ptr(), options);
+    }
+    optimizer = make_optimizer(optimizer_kind, model->parameters());
+  }
+
+  // One step on global batch `step`; returns this rank's loss.
+  double train_step(int64_t step) {
+    const auto global = ddp_test::global_batch(step, kGlobalBatch);
+    const auto batch = strategy == "single" ? global : ddp_test::local_part(global, world());
+    optimizer->zero_grad();
+    torch::Tensor out = ddp ? (*ddp)(batch.inputs) : fsdp ? (*fsdp)(batch.inputs) : model->forward(batch.inputs);
+    torch::Tensor loss = torch::cross_entropy_loss(out, batch.targets);
+    loss.backward();
+    optimizer->step();
+    return loss.item<double>();
+  }
+
+  void save(const std::string& dir, int64_t step) {
+    if (fsdp) {
+      dtrain::save_checkpoint(dir, *fsdp, optimizer.get(), step, {{"test", "yes"}});
+    } else {
+      dtrain::save_checkpoint(dir, *model, optimizer.get(), step, strategy == "single" ? nullptr : world_ptr());
+    }
+  }
+
+  dtrain::CheckpointManifest load(const std::string& dir) {
+    if (fsdp) return dtrain::load_checkpoint(dir, *fsdp, optimizer.get());
+    return dtrain::load_checkpoint(dir, *model, optimizer.get(), strategy == "single" ? nullptr : world_ptr());
+  }
+
+  std::map<std::string, torch::Tensor> full_parameters() {
+    if (fsdp) return fsdp->full_state_dict(/*rank0_only=*/false);
+    std::map<std::string, torch::Tensor> result;
+    for (const auto& item : model->named_parameters()) result[item.key()] = item.value().detach().clone();
+    return result;
+  }
+
+  std::string strategy;
+  Sequential model{nullptr};
+  std::unique_ptr<dtrain::DistributedDataParallel<Sequential>> ddp;
+  std::unique_ptr<dtrain::FullyShardedDataParallel<Sequential>> fsdp;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+};
+
+// Rank 0 picks a fresh directory name and tells the others.
+std::string shared_temp_dir(const std::string& what) {
+  auto stamp = torch::tensor({static_cast<int64_t>(::getpid())}, torch::kInt64);
+  world().broadcast(stamp, 0)->wait();
+  return (fs::temp_directory_path() /
+          ("dtrain-ckpt-" + what + "-" + std::to_string(stamp.item<int64_t>()) + "-np" + std::to_string(world().size())))
+      .string();
+}
+
+void barrier() { world().barrier()->wait(); }
+
+void remove_on_rank0(const std::string& dir) {
+  barrier();
+  if (world().rank() == 0) fs::remove_all(dir);
+}
+
+double max_difference(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b,
+                      std::string& worst_name) {
+  double worst = a.size() == b.size() ? 0 : 1e30;
+  for (const auto& [name, value] : a) {
+    auto it = b.find(name);
+    if (it == b.end()) return 1e30;
+    const double d = (value - it->second).abs().max().item<double>();
+    if (d > worst) {
+      worst = d;
+      worst_name = name;
+    }
+  }
+  return worst;
+}
+
+std::string reshard_root() {
+  const char* dir = std::getenv("DTRAIN_CHECKPOINT_TEST_DIR");
+  return dir ? dir : "";
+}
+
+const std::vector<std::string> kSavedBy = {"ddp", "zero2", "fsdp"};
+const std::vector<int> kSavedAt = {1, 2, 4};
+
+// ---------------------------------------------------------------- reshard
+
+TEST(Reshard, Save) {
+  const std::string root = reshard_root();
+  if (root.empty()) GTEST_SKIP() << "DTRAIN_CHECKPOINT_TEST_DIR not set";
+  for (const auto& strategy : kSavedBy) {
+    Trainee trainee(strategy, "adamw", 7);
+    for (int step = 0; step < kStepsBefore; ++step) trainee.train_step(step);
+    const std::string dir = root + "/" + strategy + "-np" + std::to_string(world().size());
+    EXPECT_NO_THROW(trainee.save(dir, kStepsBefore)) << dir;
+  }
+}
+
+TEST(Reshard, Load) {
+  const std::string root = reshard_root();
+  if (root.empty()) GTEST_SKIP() << "DTRAIN_CHECKPOINT_TEST_DIR not set";
+  Trainee reference("single", "adamw", 7);
+  for (int step = 0; step < kStepsBefore + kStepsAfter; ++step) reference.train_step(step);
+  const auto expected = reference.full_parameters();
+
+  for (const auto& saved_by : kSavedBy) {
+    for (int saved_at : kSavedAt) {
+      const std::string dir = root + "/" + saved_by + "-np" + std::to_string(saved_at);
+      for (const std::string strategy : {"ddp", "fsdp"}) {
+        SCOPED_TRACE(saved_by + " at " + std::to_string(saved_at) + " ranks -> " + strategy + " at " +
+                     std::to_string(world().size()));
+        Trainee trainee(strategy, "adamw", 99);  // other initial weights: all must come from the file
+        dtrain::CheckpointManifest manifest;
+        EXPECT_NO_THROW(manifest = trainee.load(dir));
+        EXPECT_EQ(manifest.step, kStepsBefore);
+        EXPECT_EQ(manifest.world_size, saved_at);
+        for (int step = kStepsBefore; step < kStepsBefore + kStepsAfter; ++step) trainee.train_step(step);
+        std::string worst_name;
+        EXPECT_LE(max_difference(trainee.full_parameters(), expected, worst_name), 1e-5) << worst_name;
+      }
+    }
+  }
+
+  // Control: the same continuation without the optimizer state misses by far.
+  Trainee without_state("fsdp", "adamw", 99);
+  EXPECT_NO_THROW(dtrain::load_checkpoint(root + "/fsdp-np2", *without_state.fsdp, nullptr));
+  for (int step = kStepsBefore; step < kStepsBefore + kStepsAfter; ++step) without_state.train_step(step);
+  std::string worst_name;
+  EXPECT_GT(max_difference(without_state.full_parameters(), expected, worst_name), 1e-4);
+}
+
+// ------------------------------------------------------ bitwise resumption
+
+class Resume : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(Resume, LossesBitwiseEqual) {
+  const auto [strategy, optimizer] = GetParam();
+  const std::string dir = shared_temp_dir("resume-" + strategy + "-" + optimizer);
+  std::vector<double> uninterrupted, resumed;
+  {
+    Trainee trainee(strategy, optimizer, 5);
+    for (int step = 0; step < kStepsBefore; ++step) trainee.train_step(step);
+    trainee.save(dir, kStepsBefore);
+    for (int step = kStepsBefore; step < kStepsBefore + kStepsAfter; ++step) uninterrupted.push_back(trainee.train_step(step));
+  }
+  {
+    Trainee trainee(strategy, optimizer, 77);
+    EXPECT_NO_THROW(trainee.load(dir));
+    for (int step = kStepsBefore; step < kStepsBefore + kStepsAfter; ++step) resumed.push_back(trainee.train_step(step));
+  }
+  for (size_t i = 0; i < uninterrupted.size(); ++i) {
+    EXPECT_EQ(resumed[i], uninterrupted[i]) << "step " << kStepsBefore + i;  // exact
+  }
+  remove_on_rank0(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, Resume,
+                         ::testing::Combine(::testing::Values("ddp", "zero1", "zero2", "fsdp", "hybrid"),
+                                            ::testing::Values("adamw", "sgd")),
+                         [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
+
+// ------------------------------------------------------------------ damage
+
+std::string error_of_load(Trainee& trainee, const std::string& dir) {
+  try {
+    trainee.load(dir);
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(Damage, FlippedByteNamesTheFile) {
+  const std::string dir = shared_temp_dir("flip");
+  Trainee trainee("fsdp", "adamw", 5);
+  trainee.train_step(0);
+  trainee.save(dir, 1);
+  const auto before = trainee.full_parameters();
+  const int victim = world().size() - 1;
+  char name[64];
+  std::snprintf(name, sizeof(name), "rank-%05d-of-%05d.safetensors", victim, world().size());
+  barrier();
+  if (world().rank() == 0) {
+    std::fstream file(dir + "/" + name, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(-3, std::ios::end);
+    char byte = 0;
+    file.read(&byte, 1);
+    byte ^= 0x10;
+    file.seekp(-3, std::ios::end);
+    file.write(&byte, 1);
+  }
+  barrier();
+  const std::string error = error_of_load(trainee, dir);
+  EXPECT_NE(error.find(name), std::string::npos) << error;
+  EXPECT_NE(error.find("checksum"), std::string::npos) << error;
+  std::string worst;
+  EXPECT_EQ(max_difference(trainee.full_parameters(), before, worst), 0.0) << "a failed load changed " << worst;
+  remove_on_rank0(dir);
+}
+
+TEST(Damage, TruncatedOrMissingManifestIsNoCheckpoint) {
+  const std::string dir = shared_temp_dir("manifest");
+  Trainee trainee("ddp", "adamw", 5);
+  trainee.train_step(0);
+  trainee.save(dir, 1);
+  barrier();
+  if (world().rank() == 0) fs::resize_file(dir + "/manifest.json", fs::file_size(dir + "/manifest.json") / 2);
+  barrier();
+  std::string error = error_of_load(trainee, dir);
+  EXPECT_NE(error.find("not a complete checkpoint manifest"), std::string::npos) << error;
+  barrier();
+  if (world().rank() == 0) fs::remove(dir + "/manifest.json");
+  barrier();
+  error = error_of_load(trainee, dir);
+  EXPECT_NE(error.find("no manifest.json"), std::string::npos) << error;
+  remove_on_rank0(dir);
+}
+
+TEST(Damage, SaveReplacesAnExistingCheckpoint) {
+  const std::string dir = shared_temp_dir("replace");
+  Trainee trainee("fsdp", "adamw", 5);
+  trainee.train_step(0);
+  trainee.save(dir, 1);
+  trainee.train_step(1);
+  trainee.save(dir + "/", 2);  // the same directory
+  dtrain::CheckpointManifest manifest;
+  EXPECT_NO_THROW(manifest = trainee.load(dir));
+  EXPECT_EQ(manifest.step, 2);
+  barrier();
+  if (world().rank() == 0) {
+    for (const auto& entry : fs::directory_iterator(fs::path(dir).parent_path())) {
+      const auto name = entry.path().filename().string();
+      EXPECT_FALSE(name.rfind(fs::path(dir).filename().string() + ".", 0) == 0) << "left behind: " << name;
+    }
+  }
+  remove_on_rank0(dir);
+}
+
+TEST(Damage, MismatchedModelOrOptimizerIsRefused) {
+  const std::string dir = shared_temp_dir("mismatch");
+  Trainee trainee("fsdp", "adamw", 5);
+  trainee.train_step(0);
+  trainee.save(dir, 1);
+
+  Trainee sgd("fsdp", "sgd", 6);
+  const auto before = sgd.full_parameters();
+  std::string error = error_of_load(sgd, dir);
+  EXPECT_NE(error.find("adamw optimizer state but the optimizer is sgd"), std::string::npos) << error;
+  std::string worst;
+  EXPECT_EQ(max_difference(sgd.full_parameters(), before, worst), 0.0) << "a refused load changed " << worst;
+
+  torch::manual_seed(5);
+  Sequential other(torch::nn::Flatten(), torch::nn::Linear(fsdp_test::kImage * fsdp_test::kImage, 30));
+  error = "";
+  try {
+    dtrain::load_checkpoint(dir, *other, nullptr, world_ptr());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("does not match the model"), std::string::npos) << error;
+  EXPECT_NE(error.find("'1.weight' is [33, 64] in the checkpoint but [30, 64] in the model"), std::string::npos) << error;
+  EXPECT_NE(error.find("the model lacks '3.weight'"), std::string::npos) << error;
+  remove_on_rank0(dir);
+}
+
+// ------------------------------------------------------------------ export
+
+TEST(Export, FullParametersThroughTheCli) {
+  const std::string dir = shared_temp_dir("export");
+  Trainee trainee("fsdp", "adamw", 5);
+  for (int step = 0; step < 2; ++step) trainee.train_step(step);
+  trainee.save(dir, 2);
+  const auto full = trainee.full_parameters();
+  barrier();
+  if (world().rank() == 0) {
+    const std::string out = dir + "-export.safetensors";
+    const std::string cli = DTRAIN_CLI;
+    EXPECT_EQ(std::system((cli + " checkpoint inspect " + dir + " > " + dir + "-inspect.txt").c_str()), 0);
+    std::ifstream inspect(dir + "-inspect.txt");
+    const std::string text((std::istreambuf_iterator<char>(inspect)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("step        2"), std::string::npos) << text;
+    EXPECT_NE(text.find("strategy    full"), std::string::npos) << text;
+    EXPECT_NE(text.find("optim/1.weight/exp_avg"), std::string::npos) << text;
+    EXPECT_EQ(std::system((cli + " checkpoint export " + dir + " --to " + out + " > /dev/null").c_str()), 0);
+    const auto file = dtrain::load_safetensors(out);
+    EXPECT_EQ(file.tensors.size(), full.size());
+    for (const auto& [name, value] : full) {
+      const auto* saved = file.find(name);
+      if (!saved) {
+        ADD_FAILURE() << "export lacks " << name;
+        continue;
+      }
+      EXPECT_TRUE(torch::equal(*saved, value)) << name;
+    }
+    fs::remove(out);
+    fs::remove(dir + "-inspect.txt");
+  }
+  remove_on_rank0(dir);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return dtrain::testing::run_multirank_tests(argc, argv); }
