@@ -44,7 +44,7 @@ asan:
 	# like leaks and std::vector annotations cross the boundary, hence the options.
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=0:detect_container_overflow=0 ctest --output-on-failure --timeout 900
 
-# Training to accuracy and throughput (issue 5): about 15 minutes on 2 cores.
+# Training to accuracy and throughput (issue 5): about 6 minutes on 2 cores.
 check-long: build
 	BUILD=$(BUILD) tests/long/check_long.sh
 

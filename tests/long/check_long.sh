@@ -13,8 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 OUT=$BUILD/check-long
-CNN_EPOCHS=${CNN_EPOCHS:-2}
-CNN_MIN_ACCURACY=${CNN_MIN_ACCURACY:-0.88}
+CNN_EPOCHS=${CNN_EPOCHS:-10}
+CNN_MIN_ACCURACY=${CNN_MIN_ACCURACY:-0.90}
 GPT_STEPS=${GPT_STEPS:-60}
 mkdir -p "$OUT"
 dtrain=$BUILD/bin/dtrain
@@ -48,4 +48,4 @@ venv=${torch_prefix%%/lib/python*}
 OMP_NUM_THREADS=1 PYTHONWARNINGS="ignore:Failed to initialize NumPy" "$venv/bin/python" tests/long/gemm_rate.py \
   > "$OUT/gemm.json"
 
-python3 tests/long/summarize.py "$OUT" --min-accuracy "$CNN_MIN_ACCURACY" --ranks 2
+python3 tests/long/summarize.py "$OUT" --min-accuracy "$CNN_MIN_ACCURACY" --ranks 2 --cnn-epochs "$CNN_EPOCHS"
