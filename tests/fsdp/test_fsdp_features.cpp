@@ -64,10 +64,11 @@ TEST(Parameters, BecomeThisRanksShardsWithIdentityAndNamesKept) {
   for (const auto& unit : units) EXPECT_EQ(unit.padded_numel % world().size(), 0) << unit.name;
 }
 
-// Prefetch changes when all-gathers are issued, never what is computed.
+// Prefetch and the bound on outstanding reductions change when collectives
+// are issued and waited for, never what is computed.
 TEST(Prefetch, EverySettingGivesBitIdenticalTraining) {
   std::vector<std::map<std::string, torch::Tensor>> results;
-  for (int setting = 0; setting < 4; ++setting) {
+  for (int setting = 0; setting < 6; ++setting) {
     torch::manual_seed(2);
     dtrain::models::GPT model(tiny_gpt_config());
     dtrain::FSDPOptions options;
@@ -76,6 +77,9 @@ TEST(Prefetch, EverySettingGivesBitIdenticalTraining) {
                                 : setting == 2 ? dtrain::BackwardPrefetch::Post
                                                : dtrain::BackwardPrefetch::Pre;
     options.max_inflight_all_gathers = setting == 3 ? 1 : 2;
+    // Setting 4 keeps every unit's gradient buffer until the end of backward
+    // (the bound above the unit count); 5 lets two reductions overlap.
+    options.max_inflight_reductions = setting == 4 ? 100 : setting == 5 ? 2 : 1;
     auto fsdp = dtrain::fully_shard(model, world_ptr(), options);
     torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
     for (int step = 0; step < 3; ++step) {
