@@ -41,7 +41,14 @@ int checkpoint_inspect(const CheckpointFlags& flags) {
             << "  strategy    " << manifest.strategy << "\n"
             << "  world size  " << manifest.world_size << "\n"
             << "  optimizer   " << manifest.optimizer << "\n";
-  for (const auto& [key, value] : manifest.extra) std::cout << "  extra       " << key << " = " << value << "\n";
+  // Long values (a rank's random state) are shortened: they are for the loader, not for reading.
+  for (const auto& [key, value] : manifest.extra) {
+    std::cout << "  extra       " << key << " = ";
+    if (value.size() > 64)
+      std::cout << value.substr(0, 16) << "... (" << value.size() << " characters)\n";
+    else
+      std::cout << value << "\n";
+  }
   const auto problems = verify_checkpoint_files(flags.dir, manifest);
   std::cout << "files:\n";
   for (const auto& file : manifest.files) {

@@ -139,6 +139,24 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
   optimisation->add_option("--init-from", c.init_from,
                            "Initial weights from FILE.safetensors (every parameter and buffer of the model, by name; "
                            "--seed still seeds the shuffle and the samples)");
+  optimisation->add_option("--on-nonfinite", c.on_nonfinite,
+                           "A step with a NaN or infinite loss (or gradient norm, with --grad-clip): stop with an "
+                           "error naming it, or skip it (weights and optimizer state stay as they were)")
+      ->check(CLI::IsMember({"stop", "skip"}))->capture_default_str();
+  optimisation->add_option("--debug-nan-at-step", c.debug_nan_at_step, "(testing) make rank 0's loss NaN at step K")
+      ->group("");
+
+  auto* checkpoints = app.add_option_group("Checkpoints");
+  checkpoints->add_option("--checkpoint-dir", c.checkpoint_dir,
+                          "Save sharded checkpoints in DIR/step-NNNNNNNN (at the end, every --checkpoint-every steps, "
+                          "and on SIGINT/SIGTERM, which then stop the run at the next step)");
+  checkpoints->add_option("--checkpoint-every", c.checkpoint_every, "Save every K steps (0: only at the end)")
+      ->check(kNonNegative)->capture_default_str();
+  checkpoints->add_option("--keep-last", c.keep_last, "Checkpoints kept in --checkpoint-dir (0: all)")
+      ->check(kNonNegative)->capture_default_str();
+  checkpoints->add_flag("--resume", c.resume,
+                        "Continue from the newest complete checkpoint in --checkpoint-dir (any --strategy and "
+                        "--nproc; none there: start afresh)");
 
   auto* output = app.add_option_group("Output");
   output->add_option("--eval-every", c.eval_every, "Evaluate every K steps (0: only at the end)")
@@ -174,8 +192,10 @@ int default_nproc(const TrainConfig& c) {
 // launcher then stops the others.
 int train_rank(const TrainConfig& config, const CommPtr& world) {
   try {
-    run_training(config, world);
-    return 0;
+    const TrainResult result = run_training(config, world);
+    // Stopped by SIGINT/SIGTERM after saving a checkpoint: the usual exit
+    // status of a signalled program, so scripts see it did not finish.
+    return result.stopped_by_signal != 0 ? 128 + result.stopped_by_signal : 0;
   } catch (const std::exception& error) {
     const bool invalid = dynamic_cast<const std::invalid_argument*>(&error) != nullptr;
     // One write, so that ranks failing together do not interleave their lines;

@@ -62,6 +62,22 @@ struct TrainConfig {
   int64_t warmup = 0;       // steps of linear warmup; then cosine decay to 10% of lr
   double grad_clip = 0.0;   // global gradient norm limit; 0 = no clipping
   uint64_t seed = 0;
+  // A step whose loss (or, with grad_clip, gradient norm) is NaN or infinite:
+  // "stop" ends the run with an error naming the step; "skip" leaves the
+  // weights and optimizer state as they were and goes on with the next batch.
+  std::string on_nonfinite = "stop";
+
+  // ---- checkpoints (src/train/checkpointing.h; "" = none)
+  // DIR/step-NNNNNNNN/ every checkpoint_every steps (0: only at the end, and
+  // on SIGINT/SIGTERM, which then stop the run at the next step boundary).
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int64_t keep_last = 2;     // checkpoints kept in checkpoint_dir; 0 = all
+  // Continue from the newest complete checkpoint in checkpoint_dir (any
+  // strategy, any world size); none there: start at step 0.
+  bool resume = false;
+  // Testing aid: rank 0's loss becomes NaN at this step (1-based; 0 = never).
+  int64_t debug_nan_at_step = 0;
 
   // ---- evaluation and output
   int64_t eval_every = 0;   // steps between evaluations; 0 = only at the end
@@ -90,6 +106,11 @@ struct TrainResult {
   int64_t peak_memory_bytes = 0;  // max over ranks
   int64_t peak_rss_bytes = 0;     // max over ranks (VmHWM)
   std::vector<std::string> samples;  // GPT: generated text (whole bytes, prompt included)
+  int64_t resumed_from_step = 0;     // the checkpoint's step; 0 = started afresh
+  int64_t skipped_steps = 0;         // on_nonfinite "skip": steps not applied
+  // SIGINT or SIGTERM stopped the run after `steps` (a checkpoint was saved);
+  // 0 = it ran to the end.
+  int stopped_by_signal = 0;
 };
 
 // Runs the training described by `config` on this rank of `world`; every

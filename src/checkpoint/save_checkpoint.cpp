@@ -113,6 +113,18 @@ void save_held(const std::string& dir, const detail::HeldModel& held, torch::opt
     }
   }
   detail::agree_or_throw(comm, error);
+  // From here a failure on any rank leaves no partial directory behind (a
+  // full disk stays as full as it was): every rank has stopped writing once
+  // the agreement throws, and rank 0 removes the temporary directory.
+  auto agree_or_clean_up = [&](const std::string& own_error) {
+    try {
+      detail::agree_or_throw(comm, own_error);
+    } catch (...) {
+      std::error_code ignored;
+      if (held.rank == 0) fs::remove_all(temporary, ignored);
+      throw;
+    }
+  };
 
   RankFile file;
   try {
@@ -125,7 +137,7 @@ void save_held(const std::string& dir, const detail::HeldModel& held, torch::opt
   } catch (const std::exception& e) {
     error = std::string("save_checkpoint: ") + e.what();
   }
-  detail::agree_or_throw(comm, error);
+  agree_or_clean_up(error);
   const auto records = detail::all_gather_strings(comm, detail::file_record_to_json(file.record, file.tensor_table));
 
   if (held.rank == 0) {
@@ -165,7 +177,7 @@ void save_held(const std::string& dir, const detail::HeldModel& held, torch::opt
       error = "save_checkpoint: " + target.string() + ": " + e.what();
     }
   }
-  detail::agree_or_throw(comm, error);
+  agree_or_clean_up(error);
 }
 
 }  // namespace

@@ -42,6 +42,28 @@ void check_data(const TrainConfig& c) {
   if (!fs::exists(path, error)) fail("--data text:" + path + ": no such file or folder");
 }
 
+void check_checkpoint_flags(const TrainConfig& c) {
+  namespace fs = std::filesystem;
+  if (c.checkpoint_every < 0) fail("--checkpoint-every must be >= 0 steps (0: only at the end), got " + std::to_string(c.checkpoint_every));
+  if (c.keep_last < 0) fail("--keep-last must be >= 0 (0: keep every checkpoint), got " + std::to_string(c.keep_last));
+  if (c.checkpoint_dir.empty()) {
+    if (c.resume) fail("--resume continues from a checkpoint in --checkpoint-dir DIR: give the folder");
+    if (c.checkpoint_every > 0) fail("--checkpoint-every needs --checkpoint-dir DIR (where to write them)");
+    return;
+  }
+  // The folder itself may not exist yet (it is created), but what is there
+  // must be a folder, and its parent must exist.
+  std::error_code error;
+  const fs::path dir(c.checkpoint_dir);
+  if (fs::exists(dir, error) && !fs::is_directory(dir, error))
+    fail("--checkpoint-dir " + c.checkpoint_dir + " is a file; give a folder");
+  fs::path absolute = fs::absolute(dir, error).lexically_normal();
+  if (!absolute.has_filename()) absolute = absolute.parent_path();  // "ckpt/" -> "ckpt"
+  const fs::path parent = absolute.parent_path();
+  if (!fs::exists(dir, error) && !fs::is_directory(parent, error))
+    fail("--checkpoint-dir " + c.checkpoint_dir + ": the folder " + parent.string() + " does not exist");
+}
+
 }  // namespace
 
 void check_train_config(const TrainConfig& c, int world_size) {
@@ -83,6 +105,10 @@ void check_train_config(const TrainConfig& c, int world_size) {
   if (!(c.weight_decay >= 0.0)) fail("--weight-decay must be >= 0, got " + std::to_string(c.weight_decay));
   if (c.warmup < 0) fail("--warmup must be >= 0 steps, got " + std::to_string(c.warmup));
   if (!(c.grad_clip >= 0.0)) fail("--grad-clip must be >= 0 (0: no clipping), got " + std::to_string(c.grad_clip));
+
+  if (!one_of(c.on_nonfinite, {"stop", "skip"}))
+    fail("--on-nonfinite '" + c.on_nonfinite + "' is not one of: stop, skip");
+  check_checkpoint_flags(c);
 
   if (c.eval_every < 0) fail("--eval-every must be >= 0 (0: only at the end), got " + std::to_string(c.eval_every));
   check_positive("--log-every", c.log_every);

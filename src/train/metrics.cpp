@@ -6,8 +6,8 @@
 
 namespace dtrain::train {
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  file_.open(path, std::ios::out | std::ios::trunc);
+MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+  file_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
   if (!file_)
     throw std::runtime_error("cannot create the metrics file '" + path + "': " + std::strerror(errno) +
                              " (does its folder exist?)");

@@ -13,10 +13,10 @@ class MetricsWriter {
  public:
   // Writes nothing.
   MetricsWriter() = default;
-  // Creates `path` afresh (an existing file is replaced). Throws
-  // std::runtime_error naming the path when it cannot be created, e.g.
-  // because its folder does not exist.
-  explicit MetricsWriter(const std::string& path);
+  // Creates `path` afresh (an existing file is replaced), or with `append`
+  // adds to it (a resumed run). Throws std::runtime_error naming the path
+  // when it cannot be created, e.g. because its folder does not exist.
+  explicit MetricsWriter(const std::string& path, bool append = false);
 
   bool enabled() const { return file_.is_open(); }
   // Appends `record` as one line and flushes it. Non-finite numbers are

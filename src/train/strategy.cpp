@@ -41,6 +41,13 @@ class SingleProcess final : public Strategy {
   double clip_grad_norm(double max_norm) override {
     return dtrain::clip_grad_norm(model_.module->parameters(), max_norm, 2.0, /*shards_across=*/nullptr);
   }
+  void save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step,
+            const std::map<std::string, std::string>& extra) override {
+    save_checkpoint(dir, *model_.module, &optimizer, step, nullptr, extra);
+  }
+  CheckpointManifest load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
+    return load_checkpoint(dir, *model_.module, &optimizer);
+  }
 
  private:
   Model& model_;
@@ -50,7 +57,7 @@ class SingleProcess final : public Strategy {
 class DataParallel final : public Strategy {
  public:
   DataParallel(Model& model, CommPtr world, DDPOptions options)
-      : model_(model), ddp_(model.module, std::move(world), std::move(options)) {}
+      : model_(model), world_(world), ddp_(model.module, std::move(world), std::move(options)) {}
   std::string name() const override { return "ddp"; }
   torch::Tensor forward(const torch::Tensor& inputs) override {
     ddp_.before_forward();
@@ -58,9 +65,18 @@ class DataParallel final : public Strategy {
   }
   std::vector<torch::Tensor> optimizer_parameters() override { return ddp_.parameters(); }
   double clip_grad_norm(double max_norm) override { return dtrain::clip_grad_norm(ddp_, max_norm); }
+  // Every replica is equal: each rank writes 1/world of it.
+  void save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step,
+            const std::map<std::string, std::string>& extra) override {
+    save_checkpoint(dir, *model_.module, &optimizer, step, world_, extra);
+  }
+  CheckpointManifest load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
+    return load_checkpoint(dir, *model_.module, &optimizer, world_);
+  }
 
  private:
   Model& model_;
+  CommPtr world_;
   DistributedDataParallelBase ddp_;
 };
 
@@ -76,6 +92,13 @@ class FullySharded final : public Strategy {
   }
   std::vector<torch::Tensor> optimizer_parameters() override { return fsdp_.parameters(); }
   double clip_grad_norm(double max_norm) override { return dtrain::clip_grad_norm(fsdp_, max_norm); }
+  void save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step,
+            const std::map<std::string, std::string>& extra) override {
+    save_checkpoint(dir, fsdp_, &optimizer, step, extra);
+  }
+  CheckpointManifest load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
+    return load_checkpoint(dir, fsdp_, &optimizer);
+  }
 
  private:
   Model& model_;

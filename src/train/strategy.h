@@ -5,6 +5,7 @@
 // strategy_available() say yes, and construct it in wrap_model().
 #pragma once
 
+#include "dtrain/checkpoint.h"
 #include "dtrain/comm.h"
 #include "dtrain/fsdp.h"
 #include "train/model.h"
@@ -39,6 +40,13 @@ class Strategy {
   // Applies the optimizer's update (sharded strategies: then make the
   // updated parameters whole again where they need to be).
   virtual void optimizer_step(torch::optim::Optimizer& optimizer) { optimizer.step(); }
+
+  // Collective: a sharded checkpoint of the model and `optimizer` at `step`
+  // in `dir` (dtrain::save_checkpoint), and loading one saved by any
+  // strategy at any world size (dtrain::load_checkpoint).
+  virtual void save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step,
+                    const std::map<std::string, std::string>& extra) = 0;
+  virtual CheckpointManifest load(const std::string& dir, torch::optim::Optimizer& optimizer) = 0;
 };
 
 struct StrategyOptions {

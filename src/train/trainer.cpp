@@ -16,6 +16,7 @@
 
 #include "dtrain/data.h"
 #include "dtrain/memory.h"
+#include "train/checkpointing.h"
 #include "train/evaluate.h"
 #include "train/initial_weights.h"
 #include "train/lr_schedule.h"
@@ -25,6 +26,7 @@
 #include "train/optimizer.h"
 #include "train/progress.h"
 #include "train/samples.h"
+#include "train/stop_signals.h"
 #include "train/strategy.h"
 #include "train/training_data.h"
 
@@ -34,9 +36,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <deque>
 #include <iostream>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -112,6 +116,21 @@ nlohmann::ordered_json eval_record(int64_t step, const train::Evaluation& e) {
   return record;
 }
 
+// What a checkpoint records about the run besides the tensors (dtrain
+// checkpoint inspect shows it; a resume notes when it changed).
+std::map<std::string, std::string> run_description(const TrainConfig& c, int64_t total) {
+  return {{"model", c.model},
+          {"data", c.data},
+          {"batch_size", std::to_string(c.batch_size)},
+          {"seed", std::to_string(c.seed)},
+          {"total_steps", std::to_string(total)}};
+}
+
+std::string checkpoint_note(const TrainConfig& c) {
+  return c.checkpoint_dir.empty() ? std::string("no --checkpoint-dir was given")
+                                  : "the checkpoints in " + c.checkpoint_dir + " are intact";
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainConfig& config, CommPtr world) {
@@ -130,8 +149,9 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
                                     .shuffle = config.shuffle});
   const int64_t total = config.steps > 0 ? config.steps : sampler.steps_for_epochs(config.epochs);
   // Created once the data is known to fit, so a bad run leaves an old file alone.
+  // A resumed run appends to the metrics file of the run it continues.
   train::MetricsWriter metrics;
-  if (rank == 0 && !config.metrics_path.empty()) metrics = train::MetricsWriter(config.metrics_path);
+  if (rank == 0 && !config.metrics_path.empty()) metrics = train::MetricsWriter(config.metrics_path, config.resume);
 
   // The peak counts what training allocates (model, gradients, optimizer
   // state, activations, communication buffers), not the datasets.
@@ -153,6 +173,7 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
       strategy->optimizer_parameters(),
       {.name = config.optimizer, .lr = config.lr, .momentum = config.momentum, .weight_decay = config.weight_decay});
 
+  TrainResult result;
   const train::LRSchedule schedule{.peak_lr = config.lr, .warmup_steps = config.warmup, .total_steps = total};
   const int64_t batch = config.batch_size;
   const double units_per_step = static_cast<double>(batch * data.units_per_sample);
@@ -180,7 +201,34 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
     std::cout << ", cosine decay to " << config.lr * schedule.final_fraction << std::endl;
   }
 
-  TrainResult result;
+  // Continue where the newest checkpoint left off: weights, optimizer state,
+  // this rank's random state; the step says where the sampler and the
+  // learning-rate schedule are.
+  int64_t first_step = 0;
+  if (config.resume) {
+    std::vector<std::string> rejected;
+    const auto manifest = train::resume_from_latest(config.checkpoint_dir, *strategy, *optimizer, world, &rejected);
+    if (printing) {
+      for (const auto& reason : rejected) std::cout << "not resuming from " << reason << "\n";
+      if (!manifest)
+        std::cout << "no checkpoint in " << config.checkpoint_dir << " yet: starting at step 0" << std::endl;
+      else
+        std::cout << "resuming from step " << manifest->step << " (" << train::checkpoint_path(config.checkpoint_dir, manifest->step)
+                  << ", saved by " << manifest->strategy << " on " << manifest->world_size
+                  << (manifest->world_size == 1 ? " rank" : " ranks") << ")" << std::endl;
+    }
+    if (manifest) {
+      if (manifest->step > total)
+        throw std::invalid_argument("the checkpoint to resume from is at step " + std::to_string(manifest->step) +
+                                    ", past this run's " + std::to_string(total) + " steps: give more --steps");
+      first_step = manifest->step;
+      result.resumed_from_step = manifest->step;
+      metrics.write({{"resumed_from_step", manifest->step}});
+    }
+  }
+  std::optional<train::StopSignals> stop_signals;
+  if (!config.checkpoint_dir.empty()) stop_signals.emplace();
+
   result.world_size = world_size;
   std::vector<double> step_times;
   std::deque<double> recent;  // the last step times, for rate and ETA
@@ -189,33 +237,68 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
   std::vector<int64_t> peaks(static_cast<size_t>(world_size), 0);
   const bool live = config.live_progress.value_or(train::ProgressLine::stdout_is_terminal());
   train::ProgressLine progress(std::cout, printing && live, config.log_every);
+  int64_t last_saved = first_step;
+  auto save_checkpoint_at = [&](int64_t step) {
+    try {
+      train::save_training_checkpoint(config.checkpoint_dir, step, config.keep_last, *strategy, *optimizer, world,
+                                      run_description(config, total));
+    } catch (const std::exception& error) {
+      throw std::runtime_error("cannot write the checkpoint of step " + std::to_string(step) + ": " + error.what() +
+                               (last_saved > 0 ? "; the checkpoint of step " + std::to_string(last_saved) + " is untouched"
+                                               : std::string()));
+    }
+    last_saved = step;
+    if (printing) progress.message("checkpoint: step " + std::to_string(step) + " saved in " +
+                                   train::checkpoint_path(config.checkpoint_dir, step));
+  };
+
   const auto run_start = Clock::now();
 
+  int64_t steps_done = total;  // less when a signal stops the run
   model.module->train();
-  for (int64_t step = 0; step < total; ++step) {
+  for (int64_t step = first_step; step < total; ++step) {
     const auto start = Clock::now();
     const double lr = train::learning_rate(schedule, step);
     train::set_learning_rate(*optimizer, lr);
     const data::Batch part = data.train->get_batch(sampler.local_batch(step));
     optimizer->zero_grad();
-    const torch::Tensor local_sum = train::per_sample_loss(strategy->forward(part.inputs), part.targets).sum();
+    torch::Tensor local_sum = train::per_sample_loss(strategy->forward(part.inputs), part.targets).sum();
+    if (step + 1 == config.debug_nan_at_step && rank == 0) local_sum = local_sum * std::nan("");
     // See Note [global batch loss].
     (local_sum * (static_cast<double>(world_size) / static_cast<double>(batch))).backward();
-    if (config.grad_clip > 0) strategy->clip_grad_norm(config.grad_clip);
-    strategy->optimizer_step(*optimizer);
+    const double grad_norm = config.grad_clip > 0 ? strategy->clip_grad_norm(config.grad_clip) : 0.0;
+    // --on-nonfinite skip: agree on the loss before the update, so that every
+    // rank skips the same steps (the gradient norm is already global).
+    bool skipped = false;
+    if (config.on_nonfinite == "skip") {
+      auto global_sum = local_sum.detach().to(torch::kFloat64).reshape({1}).clone();
+      world->all_reduce(global_sum, ReduceOp::Sum)->wait();
+      skipped = !std::isfinite(global_sum.item<double>()) || !std::isfinite(grad_norm);
+    }
+    if (!skipped) strategy->optimizer_step(*optimizer);
 
     // One small all-reduce: the global loss and every rank's peak memory.
-    auto stats = torch::zeros({1 + world_size}, torch::kFloat64);
+    // One small all-reduce: the global loss, every rank's peak memory, and
+    // whether a rank was asked to stop (SIGINT/SIGTERM; see stop_signals.h).
+    auto stats = torch::zeros({2 + world_size}, torch::kFloat64);
     auto values = stats.accessor<double, 1>();
     values[0] = local_sum.item<double>();
-    values[1 + rank] = static_cast<double>(training_bytes());
+    values[1] = static_cast<double>(train::StopSignals::received());
+    values[2 + rank] = static_cast<double>(training_bytes());
     world->all_reduce(stats, ReduceOp::Sum)->wait();
     const double loss = values[0] / static_cast<double>(batch);
-    for (int r = 0; r < world_size; ++r) peaks[static_cast<size_t>(r)] = static_cast<int64_t>(values[1 + r]);
+    const bool stop_requested = values[1] != 0;
+    for (int r = 0; r < world_size; ++r) peaks[static_cast<size_t>(r)] = static_cast<int64_t>(values[2 + r]);
     const int64_t done = step + 1;
-    if (!std::isfinite(loss))
+    if (skipped) {
+      ++result.skipped_steps;
+      if (printing) progress.message("step " + std::to_string(done) + " skipped: the loss is " + std::to_string(loss) +
+                                     (std::isfinite(grad_norm) ? "" : ", the gradient norm " + std::to_string(grad_norm)));
+    } else if (!std::isfinite(loss)) {
       throw std::runtime_error("the loss is " + std::to_string(loss) + " at step " + std::to_string(done) +
-                               ": training diverged; try a lower --lr, more --warmup or --grad-clip");
+                               ": training diverged (" + checkpoint_note(config) +
+                               "); try a lower --lr, more --warmup or --grad-clip, or --on-nonfinite skip");
+    }
 
     const double step_seconds = seconds_since(start);
     step_times.push_back(step_seconds);
@@ -245,6 +328,16 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
       window_seconds = 0;
       window_steps = 0;
     }
+    const bool checkpoint_due = !config.checkpoint_dir.empty() &&
+                                ((config.checkpoint_every > 0 && done % config.checkpoint_every == 0) || done == total);
+    if (checkpoint_due || (stop_requested && !config.checkpoint_dir.empty())) save_checkpoint_at(done);
+    if (stop_requested) {
+      // Every rank saw the request in the same all-reduce: all stop here.
+      // (A rank that did not get the signal itself reports the usual one.)
+      result.stopped_by_signal = train::StopSignals::received() != 0 ? train::StopSignals::received() : SIGTERM;
+      steps_done = done;
+      break;
+    }
     if (config.eval_every > 0 && done % config.eval_every == 0 && done != total) {
       const train::Evaluation evaluation = run_evaluation();
       if (printing) progress.message("eval at step " + std::to_string(done) + ": " + format_eval(evaluation));
@@ -255,10 +348,15 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
   const double train_seconds = seconds_since(run_start);
 
   // End of run: evaluate on the whole validation split (the full test set
-  // for classification) and, for the GPT, write a few samples.
-  const train::Evaluation final_eval = run_evaluation();
-  metrics.write(eval_record(total, final_eval));
-  if (model.gpt) {
+  // for classification) and, for the GPT, write a few samples. A run stopped
+  // by a signal skips both: it is to end promptly, and it will continue.
+  const bool stopped = result.stopped_by_signal != 0;
+  std::optional<train::Evaluation> final_eval;
+  if (!stopped) {
+    final_eval = run_evaluation();
+    metrics.write(eval_record(total, *final_eval));
+  }
+  if (model.gpt && !stopped) {
     result.samples = train::generate_samples(
         model.gpt, {.count = config.samples, .bytes = config.sample_bytes, .prompt = config.sample_prompt, .seed = config.seed},
         [&](const torch::Tensor& tokens) { return strategy->forward(tokens); });
@@ -268,20 +366,25 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
   rss[rank] = static_cast<double>(memory::peak_rss_bytes());
   world->all_reduce(rss, ReduceOp::Sum)->wait();
 
-  result.steps = total;
+  result.steps = steps_done;
   result.loss = result.losses.empty() ? 0 : result.losses.back();
-  result.eval_loss = final_eval.loss;
-  result.eval_accuracy = final_eval.accuracy;
+  if (final_eval) {
+    result.eval_loss = final_eval->loss;
+    result.eval_accuracy = final_eval->accuracy;
+  }
   result.step_time_s_median = median(step_times);
   result.peak_memory_bytes_per_rank = peaks;
   result.peak_memory_bytes = *std::max_element(peaks.begin(), peaks.end());
   result.peak_rss_bytes = static_cast<int64_t>(rss.max().item<double>());
 
+  auto or_null = [](const std::optional<double>& value) {
+    return value ? nlohmann::ordered_json(*value) : nlohmann::ordered_json(nullptr);
+  };
   metrics.write({{"final", true},
                  {"steps", result.steps},
                  {"loss", result.loss},
-                 {"eval_loss", final_eval.loss},
-                 {"eval_accuracy", final_eval.accuracy ? nlohmann::ordered_json(*final_eval.accuracy) : nlohmann::ordered_json(nullptr)},
+                 {"eval_loss", or_null(result.eval_loss)},
+                 {"eval_accuracy", or_null(result.eval_accuracy)},
                  {"world_size", world_size},
                  {"strategy", config.strategy},
                  {"model", config.model},
@@ -289,20 +392,32 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
                  {"step_time_s_median", result.step_time_s_median},
                  {"peak_memory_bytes", result.peak_memory_bytes},
                  {"peak_memory_bytes_per_rank", result.peak_memory_bytes_per_rank},
-                 {"peak_rss_bytes", result.peak_rss_bytes}});
+                 {"peak_rss_bytes", result.peak_rss_bytes},
+                 {"resumed_from_step", result.resumed_from_step},
+                 {"skipped_steps", result.skipped_steps},
+                 {"stopped_by", stopped ? nlohmann::ordered_json(train::signal_name(result.stopped_by_signal))
+                                        : nlohmann::ordered_json(nullptr)}});
+
+  if (stopped) {
+    if (printing)
+      std::cout << train::signal_name(result.stopped_by_signal) << ": stopped after step " << steps_done
+                << "; checkpoint saved in " << train::checkpoint_path(config.checkpoint_dir, steps_done)
+                << " (continue with the same command and --resume)" << std::endl;
+    return result;
+  }
 
   if (printing) {
     std::ostringstream text;
     text.setf(std::ios::fixed);
-    if (final_eval.accuracy) {
+    if (final_eval->accuracy) {
       text.precision(2);
-      text << "test accuracy: " << 100 * *final_eval.accuracy << "% on " << train::format_count(eval_count)
+      text << "test accuracy: " << 100 * *final_eval->accuracy << "% on " << train::format_count(eval_count)
            << " test images (loss ";
       text.precision(4);
-      text << final_eval.loss << ")\n";
+      text << final_eval->loss << ")\n";
     } else {
       text.precision(4);
-      text << "validation loss: " << final_eval.loss << " (" << eval_count << " windows of " << config.seq_len
+      text << "validation loss: " << final_eval->loss << " (" << eval_count << " windows of " << config.seq_len
            << " bytes)\n";
       for (size_t i = 0; i < result.samples.size(); ++i) {
         text << "sample " << i + 1 << ":\n";
@@ -311,7 +426,10 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
       }
     }
     text.precision(3);
-    text << "done: " << total << " steps in " << train::format_duration(train_seconds) << " (median step "
+    text << "done: " << total << " steps";
+    if (result.resumed_from_step > 0) text << " (" << total - result.resumed_from_step << " after resuming)";
+    if (result.skipped_steps > 0) text << ", " << result.skipped_steps << " skipped (non-finite)";
+    text << " in " << train::format_duration(train_seconds) << " (median step "
          << result.step_time_s_median << " s); peak memory per rank " << per_rank_bytes(peaks) << ", peak RSS "
          << train::format_bytes(result.peak_rss_bytes) << "\n";
     if (auto memory = train::memory_summary(config, world_size, peaks)) text << *memory << "\n";

@@ -1,0 +1,163 @@
+#include "train/checkpointing.h"
+
+#include "checkpoint/rank_agreement.h"
+#include "dtrain/checkpoint.h"
+#include "train/strategy.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+namespace dtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kPrefix = "step-";
+
+// The step a directory name stands for: "step-00000100" -> 100; unfinished
+// saves ("step-00000100.tmp-100") and anything else -> nullopt.
+std::optional<int64_t> step_of(const std::string& name) {
+  if (name.rfind(kPrefix, 0) != 0) return std::nullopt;
+  const std::string digits = name.substr(std::char_traits<char>::length(kPrefix));
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  return std::stoll(digits);
+}
+
+// Every checkpoint directory in `dir` by step, newest last.
+std::map<int64_t, fs::path> checkpoints_in(const std::string& dir) {
+  std::map<int64_t, fs::path> found;
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    if (!it->is_directory(error)) continue;
+    if (auto step = step_of(it->path().filename().string())) found[*step] = it->path();
+  }
+  return found;
+}
+
+}  // namespace
+
+std::string checkpoint_path(const std::string& dir, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "%s%08lld", kPrefix, static_cast<long long>(step));
+  return (fs::path(dir) / name).string();
+}
+
+std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& dir, std::vector<std::string>* rejected) {
+  const auto found = checkpoints_in(dir);
+  for (auto it = found.rbegin(); it != found.rend(); ++it) {
+    const std::string name = it->second.filename().string();
+    try {
+      const CheckpointManifest manifest = read_checkpoint_manifest(it->second.string());
+      const auto mismatches = verify_checkpoint_files(it->second.string(), manifest);
+      if (mismatches.empty()) return FoundCheckpoint{it->first, it->second.string()};
+      if (rejected) rejected->push_back(name + ": " + mismatches.front());
+    } catch (const std::exception& error) {
+      if (rejected) rejected->push_back(name + ": " + error.what());
+    }
+  }
+  return std::nullopt;
+}
+
+void prune_checkpoints(const std::string& dir, int64_t keep_last) {
+  const auto found = checkpoints_in(dir);
+  if (found.empty()) return;
+  const int64_t newest = found.rbegin()->first;
+  std::error_code error;
+  if (keep_last > 0) {
+    int64_t kept = 0;
+    for (auto it = found.rbegin(); it != found.rend(); ++it) {
+      if (kept < keep_last) {
+        ++kept;
+        continue;
+      }
+      fs::remove_all(it->second, error);
+    }
+  }
+  // Unfinished saves of earlier steps: a run that was killed while saving.
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    const auto dot = name.find(".tmp-");
+    if (dot == std::string::npos) continue;
+    if (auto step = step_of(name.substr(0, dot)); step && *step < newest) fs::remove_all(it->path(), error);
+  }
+}
+
+namespace {
+
+std::string rng_key(int rank) {
+  char key[32];
+  std::snprintf(key, sizeof(key), "rng/rank-%05d", rank);
+  return key;
+}
+
+}  // namespace
+
+void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep_last, Strategy& strategy,
+                              torch::optim::Optimizer& optimizer, const CommPtr& world,
+                              std::map<std::string, std::string> extra) {
+  const auto states = detail::all_gather_strings(world, cpu_rng_state());
+  for (size_t rank = 0; rank < states.size(); ++rank) extra[rng_key(static_cast<int>(rank))] = states[rank];
+  strategy.save(checkpoint_path(dir, step), optimizer, step, extra);
+  if (world->rank() == 0) prune_checkpoints(dir, keep_last);
+}
+
+std::optional<CheckpointManifest> resume_from_latest(const std::string& dir, Strategy& strategy,
+                                                     torch::optim::Optimizer& optimizer, const CommPtr& world,
+                                                     std::vector<std::string>* rejected) {
+  auto chosen = torch::full({1}, -1, torch::kInt64);
+  if (world->rank() == 0) {
+    if (auto found = find_latest_checkpoint(dir, rejected)) chosen[0] = found->step;
+  }
+  world->broadcast(chosen, 0)->wait();
+  const int64_t step = chosen[0].item<int64_t>();
+  if (step < 0) return std::nullopt;
+  CheckpointManifest manifest = strategy.load(checkpoint_path(dir, step), optimizer);
+  if (manifest.world_size == world->size()) {
+    if (auto state = manifest.extra.find(rng_key(world->rank())); state != manifest.extra.end())
+      set_cpu_rng_state(state->second);
+  }
+  return manifest;
+}
+
+std::string cpu_rng_state() {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  torch::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    state = generator.get_state();
+  }
+  const auto* bytes = state.data_ptr<uint8_t>();
+  static const char digits[] = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(static_cast<size_t>(state.numel()) * 2);
+  for (int64_t i = 0; i < state.numel(); ++i) {
+    hex += digits[bytes[i] >> 4];
+    hex += digits[bytes[i] & 15];
+  }
+  return hex;
+}
+
+void set_cpu_rng_state(const std::string& hex) {
+  if (hex.size() % 2 != 0) throw std::runtime_error("the checkpoint's random state is malformed (odd length)");
+  torch::Tensor state = torch::empty({static_cast<int64_t>(hex.size() / 2)}, torch::kUInt8);
+  auto* bytes = state.data_ptr<uint8_t>();
+  auto value = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    throw std::runtime_error("the checkpoint's random state is malformed (not hex)");
+  };
+  for (size_t i = 0; i < hex.size() / 2; ++i) bytes[i] = static_cast<uint8_t>(value(hex[2 * i]) * 16 + value(hex[2 * i + 1]));
+  at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle to the process-wide one
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+}  // namespace dtrain::train

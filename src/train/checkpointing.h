@@ -1,0 +1,68 @@
+// Checkpoints of a training run (dtrain train --checkpoint-dir): where they
+// live, which one to resume from, which ones to keep, and the per-rank random
+// state they carry so that a resumed run continues bitwise.
+//
+// Layout: DIR/step-00000100/ holds the sharded checkpoint of step 100 (see
+// include/dtrain/checkpoint.h). A save in progress lives in
+// DIR/step-00000100.tmp-100 until it is complete; anything without a
+// complete manifest and matching checksums is never resumed from.
+#pragma once
+
+#include "dtrain/checkpoint.h"
+#include "dtrain/comm.h"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace dtrain::train {
+
+class Strategy;
+
+// DIR/step-NNNNNNNN (eight digits, so names sort by step).
+std::string checkpoint_path(const std::string& dir, int64_t step);
+
+struct FoundCheckpoint {
+  int64_t step = 0;
+  std::string path;
+};
+
+// The newest checkpoint in `dir` whose manifest is complete and whose files
+// match their checksums; newer ones that fail are described in `rejected`
+// ("step-00000300: checksum mismatch in rank-00001-of-00002.safetensors").
+// Single process (rank 0 decides and tells the others).
+std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& dir, std::vector<std::string>* rejected);
+
+// Removes all but the newest `keep_last` complete checkpoints in `dir`
+// (keep_last 0: keep all) and any unfinished save older than the newest one.
+// Single process; errors are ignored (a leftover directory is never loaded).
+void prune_checkpoints(const std::string& dir, int64_t keep_last);
+
+// Collective. Saves step `step` to checkpoint_path(dir, step) with `extra`
+// and every rank's random state, then rank 0 keeps the newest `keep_last`.
+// Throws std::runtime_error on every rank when any rank cannot write; the
+// checkpoints already in `dir` are then untouched.
+void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep_last, Strategy& strategy,
+                              torch::optim::Optimizer& optimizer, const CommPtr& world,
+                              std::map<std::string, std::string> extra);
+
+// Collective. Loads the newest valid checkpoint in `dir` (rank 0 looks, every
+// rank loads the same one) into `strategy` and `optimizer`, and restores this
+// rank's random state when the checkpoint has the same world size. Returns
+// its manifest, or nullopt when `dir` holds none. `rejected` (rank 0) gets
+// the newer directories that were passed over and why.
+std::optional<CheckpointManifest> resume_from_latest(const std::string& dir, Strategy& strategy,
+                                                     torch::optim::Optimizer& optimizer, const CommPtr& world,
+                                                     std::vector<std::string>* rejected);
+
+// The CPU generator's state (dropout masks, ...) as hex text, and back.
+std::string cpu_rng_state();
+void set_cpu_rng_state(const std::string& hex);
+
+}  // namespace dtrain::train

@@ -1,0 +1,308 @@
+#!/usr/bin/env python3
+"""End-to-end checks of checkpointing and failure handling in `dtrain train`.
+
+Each check runs DTRAIN train TRAIN_ARGS with its own flags added, in a fresh
+temporary folder, and compares per-step losses through the metrics files
+(--log-every 1 is added everywhere, so every step has a line).
+
+    check_checkpointing.py kill-resume DTRAIN -- TRAIN_ARGS...
+        A reference run; then the same run with --checkpoint-dir and
+        --checkpoint-every 10, whose rank 1 gets SIGKILL once the step-20
+        checkpoint exists. The job must exit non-zero within 60 s naming
+        rank 1; then --resume continues from the newest checkpoint and every
+        later step's loss, and the final evaluation, equal the reference
+        bitwise.
+
+    check_checkpointing.py signal DTRAIN -- TRAIN_ARGS...
+        SIGTERM to the job once step 10 is logged: it saves a checkpoint at
+        the next step boundary and exits with 143 (128 + SIGTERM); --resume
+        then finishes the run with the reference's losses, bitwise.
+
+    check_checkpointing.py nonfinite DTRAIN -- TRAIN_ARGS...
+        A NaN loss at step 5 (--debug-nan-at-step): the default stops with
+        an error naming step 5 and writes no checkpoint after it;
+        --on-nonfinite skip finishes with one skipped step, the weights
+        unchanged by it (step 5's next batch loss is finite).
+
+    check_checkpointing.py disk-full DTRAIN -- TRAIN_ARGS...
+        --checkpoint-dir on a small tmpfs that holds one checkpoint but not
+        two: the second save fails with a message naming the step and the
+        cause, the first checkpoint stays complete, and no partial directory
+        is left behind. Needs root (mount); otherwise says SKIP and passes.
+"""
+
+import argparse
+import glob
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+TIMEOUT_S = 240
+
+
+def fail(message):
+    print("check_checkpointing: FAIL: " + message, flush=True)
+    sys.exit(1)
+
+
+def say(message):
+    print("check_checkpointing: " + message, flush=True)
+
+
+def read_metrics(path):
+    with open(path) as metrics:
+        return [json.loads(line) for line in metrics if line.strip()]
+
+
+def step_losses(records):
+    return {r["step"]: r["loss"] for r in records if "loss" in r and "final" not in r}
+
+
+def final_record(records):
+    finals = [r for r in records if r.get("final")]
+    return finals[-1] if finals else None
+
+
+def run(command, expect_code=0):
+    say("running: " + " ".join(shlex.quote(a) for a in command))
+    try:
+        result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        fail("still running after %d s" % TIMEOUT_S)
+    output = result.stdout.decode("utf-8", errors="replace")
+    print(output.rstrip("\n"), flush=True)
+    if expect_code is not None and result.returncode != expect_code:
+        fail("exit code %d, expected %d" % (result.returncode, expect_code))
+    return result.returncode, output
+
+
+def descendants(pid):
+    """Every process below `pid`, from /proc (children files list direct children)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for children_file in glob.glob("/proc/%d/task/*/children" % parent):
+            try:
+                with open(children_file) as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            found.extend(children)
+            todo.extend(children)
+    return found
+
+
+def rank_of(pid):
+    """The rank a process of the job is (from its environment), or None."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return None
+    if b"train" not in argv or b"--supervise-rank" in argv:
+        return None
+    for name in (b"OMPI_COMM_WORLD_RANK", b"RANK"):
+        if name in env:
+            return int(env[name])
+    return None
+
+
+def wait_for(condition, seconds, what, process=None):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if condition():
+            return
+        if process is not None and process.poll() is not None:
+            fail("the job ended (code %s) before %s" % (process.returncode, what))
+        time.sleep(0.05)
+    fail("waited %d s for %s" % (seconds, what))
+
+
+def complete_checkpoint(folder, step):
+    return os.path.isfile(os.path.join(folder, "step-%08d" % step, "manifest.json"))
+
+
+def compare_after(reference, resumed, first_step):
+    """Every step after first_step, and the final evaluation, equal bitwise."""
+    ref, res = step_losses(reference), step_losses(resumed)
+    later = sorted(s for s in ref if s > first_step)
+    if not later:
+        fail("the run resumed at step %d, past the reference's last step" % first_step)
+    for step in later:
+        if step not in res:
+            fail("the resumed run has no loss for step %d" % step)
+        if res[step] != ref[step]:
+            fail("step %d: resumed loss %r != uninterrupted %r (must be bitwise equal)" % (step, res[step], ref[step]))
+    ref_final, res_final = final_record(reference), final_record(resumed)
+    if res_final is None or res_final["eval_loss"] != ref_final["eval_loss"]:
+        fail("final evaluation differs: %s vs %s" % (res_final, ref_final))
+    say("steps %d..%d after resuming at %d equal the uninterrupted run bitwise; eval_loss %r"
+        % (later[0], later[-1], first_step, ref_final["eval_loss"]))
+
+
+def reference_run(dtrain, args, folder):
+    path = os.path.join(folder, "reference.jsonl")
+    run([dtrain, "train"] + args + ["--metrics", path])
+    return read_metrics(path)
+
+
+def resume_run(dtrain, args, checkpoints, folder, expect_step):
+    path = os.path.join(folder, "resumed.jsonl")
+    _, output = run([dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--resume", "--metrics", path])
+    if "resuming from step %d " % expect_step not in output:
+        fail("expected 'resuming from step %d' in the output" % expect_step)
+    return read_metrics(path)
+
+
+def check_kill_resume(dtrain, args, folder):
+    reference = reference_run(dtrain, args, folder)
+    checkpoints = os.path.join(folder, "checkpoints")
+    metrics = os.path.join(folder, "killed.jsonl")
+    command = [dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--checkpoint-every", "10",
+                                          "--metrics", metrics]
+    say("running: " + " ".join(shlex.quote(a) for a in command))
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    wait_for(lambda: complete_checkpoint(checkpoints, 20), 120, "the step-20 checkpoint", job)
+    victims = [pid for pid in descendants(job.pid) if rank_of(pid) == 1]
+    if not victims:
+        job.kill()
+        fail("found no process of rank 1 under pid %d" % job.pid)
+    os.kill(victims[-1], signal.SIGKILL)
+    killed_at = time.time()
+    say("SIGKILL to rank 1 (pid %d)" % victims[-1])
+    try:
+        output, _ = job.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        fail("the job was still running 90 s after rank 1 was killed")
+    took = time.time() - killed_at
+    text = output.decode("utf-8", errors="replace")
+    print(text.rstrip("\n"), flush=True)
+    if job.returncode == 0:
+        fail("the job exited 0 after rank 1 was killed")
+    if took > 60:
+        fail("the job took %.1f s to stop after rank 1 was killed (at most 60)" % took)
+    if "rank 1" not in text:
+        fail("the job's output does not name rank 1")
+    say("the job exited with %d, %.1f s after rank 1 was killed, naming rank 1" % (job.returncode, took))
+    steps = sorted(int(os.path.basename(p)[5:]) for p in glob.glob(os.path.join(checkpoints, "step-*"))
+                   if os.path.basename(p)[5:].isdigit())
+    if not steps:
+        fail("no complete checkpoint left")
+    compare_after(reference, resume_run(dtrain, args, checkpoints, folder, steps[-1]), steps[-1])
+
+
+def check_signal(dtrain, args, folder):
+    reference = reference_run(dtrain, args, folder)
+    checkpoints = os.path.join(folder, "checkpoints")
+    metrics = os.path.join(folder, "stopped.jsonl")
+    command = [dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--metrics", metrics]
+    say("running: " + " ".join(shlex.quote(a) for a in command))
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def logged_step_10():
+        try:
+            return max(step_losses(read_metrics(metrics)), default=0) >= 10
+        except (OSError, ValueError):
+            return False
+
+    wait_for(logged_step_10, 120, "step 10 in the metrics file", job)
+    job.send_signal(signal.SIGTERM)
+    sent = time.time()
+    try:
+        output, _ = job.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        fail("the job was still running 60 s after SIGTERM")
+    text = output.decode("utf-8", errors="replace")
+    print(text.rstrip("\n"), flush=True)
+    if job.returncode != 128 + signal.SIGTERM:
+        fail("exit code %d after SIGTERM, expected %d" % (job.returncode, 128 + signal.SIGTERM))
+    final = final_record(read_metrics(metrics))
+    if final is None or final.get("stopped_by") != "SIGTERM":
+        fail("the final metrics line does not say stopped_by SIGTERM: %s" % final)
+    stopped_at = final["steps"]
+    if not complete_checkpoint(checkpoints, stopped_at):
+        fail("no complete checkpoint of step %d, where the run stopped" % stopped_at)
+    say("SIGTERM: stopped after step %d with a checkpoint, %.1f s after the signal" % (stopped_at, time.time() - sent))
+    compare_after(reference, resume_run(dtrain, args, checkpoints, folder, stopped_at), stopped_at)
+
+
+def check_nonfinite(dtrain, args, folder):
+    checkpoints = os.path.join(folder, "checkpoints")
+    metrics = os.path.join(folder, "stop.jsonl")
+    code, output = run([dtrain, "train"] + args + ["--debug-nan-at-step", "5", "--checkpoint-dir", checkpoints,
+                                                   "--checkpoint-every", "2", "--metrics", metrics], expect_code=None)
+    if code == 0 or "the loss is nan at step 5" not in output:
+        fail("a NaN loss at step 5 must stop the run with an error naming step 5")
+    saved = sorted(os.path.basename(p) for p in glob.glob(os.path.join(checkpoints, "step-*")))
+    if saved[-1:] != ["step-00000004"]:
+        fail("after a NaN at step 5 the newest checkpoint must be step 4's, found %s" % saved)
+    say("--on-nonfinite stop: exit %d naming step 5; newest checkpoint step 4" % code)
+
+    metrics = os.path.join(folder, "skip.jsonl")
+    run([dtrain, "train"] + args + ["--debug-nan-at-step", "5", "--on-nonfinite", "skip", "--metrics", metrics])
+    records = read_metrics(metrics)
+    losses = step_losses(records)
+    final = final_record(records)
+    if final["skipped_steps"] != 1:
+        fail("expected skipped_steps 1 in the final line: %s" % final)
+    if losses.get(5) is not None:
+        fail("step 5's loss should be NaN (written as null), got %r" % losses.get(5))
+    later = [losses[s] for s in losses if s > 5]
+    if not later or any(v is None for v in later) or final["eval_loss"] is None:
+        fail("the steps after the skipped one must have finite losses: %s" % later)
+    say("--on-nonfinite skip: step 5 skipped, %d later steps finite, eval_loss %r" % (len(later), final["eval_loss"]))
+
+
+def check_disk_full(dtrain, args, folder):
+    if os.geteuid() != 0:
+        say("SKIP: mounting a small tmpfs needs root")
+        return
+    mount_point = os.path.join(folder, "small-disk")
+    os.makedirs(mount_point)
+    # The MLP's checkpoint (weights and SGD momentum) is about 2.2 MB: room for one.
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", mount_point]).returncode != 0:
+        say("SKIP: cannot mount a tmpfs here")
+        return
+    try:
+        checkpoints = os.path.join(mount_point, "checkpoints")
+        code, output = run([dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--checkpoint-every", "10",
+                                                       "--keep-last", "1"], expect_code=None)
+        if code == 0:
+            fail("the run succeeded although the second checkpoint cannot fit")
+        expected = "cannot write the checkpoint of step 20"
+        if expected not in output or "No space left on device" not in output or "step 10 is untouched" not in output:
+            fail("expected '%s ... No space left on device ... step 10 is untouched' in the output" % expected)
+        left = sorted(os.listdir(checkpoints))
+        if left != ["step-00000010"]:
+            fail("after the failed save the folder must hold exactly step-00000010, found %s" % left)
+        _, inspect = run([dtrain, "checkpoint", "inspect", os.path.join(checkpoints, "step-00000010")])
+        say("disk full: clear error, step 10 intact, nothing partial left")
+    finally:
+        subprocess.run(["umount", mount_point])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("check", choices=["kill-resume", "signal", "nonfinite", "disk-full"])
+    parser.add_argument("dtrain")
+    parser.add_argument("train_args", nargs=argparse.REMAINDER)
+    options = parser.parse_args()
+    args = [a for a in options.train_args if a != "--"] + ["--log-every", "1"]
+    with tempfile.TemporaryDirectory(prefix="dtrain-ckpt-") as folder:
+        {"kill-resume": check_kill_resume, "signal": check_signal, "nonfinite": check_nonfinite,
+         "disk-full": check_disk_full}[options.check](options.dtrain, args, folder)
+    say("PASS")
+
+
+if __name__ == "__main__":
+    main()
