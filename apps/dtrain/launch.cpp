@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -185,6 +186,34 @@ int launch_c10d_local(const LaunchOptions& options, int threads) {
   return supervise(children, options.grace_seconds);
 }
 
+// DTRAIN_TIMEOUT in seconds as the ranks read it (default 300); a malformed
+// value is left for the ranks to reject with their own message.
+double rank_timeout_seconds() {
+  const char* text = std::getenv("DTRAIN_TIMEOUT");
+  if (text == nullptr || *text == '\0') return 300.0;
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  return *end == '\0' && std::isfinite(seconds) && seconds > 0 ? seconds : 300.0;
+}
+
+// mpirun learns that a host is gone (a cut link, a dead node) only from TCP
+// keepalive on its daemon's connection: by default after 5 minutes idle and 9
+// probes 20 s apart. And once a rank's watchdog has called MPI_Abort, mpirun
+// waits for the unreachable daemon until TCP stops retransmitting (minutes).
+// So across hosts, probe often enough to notice within about half of
+// DTRAIN_TIMEOUT, before the watchdogs fire: mpirun then says it lost the
+// host's daemon, names the host, and ends the job. Values the user set
+// (OMPI_MCA_oob_tcp_keepalive_*) win. See tests/multihost/run_two_hosts.sh.
+void detect_lost_hosts_before_the_watchdog(std::vector<std::string>& args) {
+  const double timeout = std::min(rank_timeout_seconds(), 100000.0);  // TCP_KEEPIDLE caps at 32767 s
+  const std::pair<std::string, int> settings[] = {
+      {"oob_tcp_keepalive_time", std::max(1, static_cast<int>(timeout / 4))},
+      {"oob_tcp_keepalive_intvl", std::max(1, static_cast<int>(timeout / 10))},
+      {"oob_tcp_keepalive_probes", 3}};
+  for (const auto& [name, value] : settings)
+    if (!std::getenv(("OMPI_MCA_" + name).c_str())) args.insert(args.end(), {"--mca", name, std::to_string(value)});
+}
+
 // mpirun starts the ranks and ends the job when one fails. Each rank runs
 // under `dtrain launch --supervise-rank` (supervise_rank below), which names
 // a rank that died and how; mpirun's own message does not always say.
@@ -196,7 +225,10 @@ int launch_mpi(const LaunchOptions& options, int threads) {
   // Ranks may outnumber cores (tests run 4 ranks on 2 cores); don't pin them
   // to cores either, since each rank sizes its own thread pool.
   args.insert(args.end(), {"--oversubscribe", "--bind-to", "none", "-np", std::to_string(options.nproc)});
-  if (!options.hosts.empty()) args.insert(args.end(), {"--host", options.hosts});
+  if (!options.hosts.empty()) {
+    args.insert(args.end(), {"--host", options.hosts});
+    detect_lost_hosts_before_the_watchdog(args);
+  }
   for (const auto& [name, value] : thread_env(threads)) args.insert(args.end(), {"-x", name + "=" + value});
   // Forward dtrain's own settings to every rank (mpirun only passes what -x names to remote hosts).
   for (const char* name : {"DTRAIN_TIMEOUT", "DTRAIN_DEBUG", "DTRAIN_PROGRESS_LIVE"})
