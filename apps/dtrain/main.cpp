@@ -1,5 +1,6 @@
 // The dtrain command line. Each subcommand lives in its own file; this one
 // only declares flags and dispatches.
+#include "bench_checkpoint.h"
 #include "bench_collectives.h"
 #include "bench_ddp.h"
 #include "bench_fsdp.h"
@@ -92,6 +93,22 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"memory", "speed"}))->group("");
   fsdp_cmd->add_option("--job-json", bench_fsdp.job_json, "(internal) where the job writes its results")->group("");
 
+  dtrain::cli::BenchCheckpointOptions bench_checkpoint;
+  auto* checkpoint_bench_cmd = bench_cmd->add_subcommand(
+      "checkpoint", "Sharded checkpoint save and load throughput (MB/s per rank) and resharding time");
+  checkpoint_bench_cmd->add_option("--nproc", bench_checkpoint.nproc, "Number of ranks")->check(CLI::PositiveNumber);
+  checkpoint_bench_cmd->add_option("--backend", bench_checkpoint.backend, "mpi or c10d")
+      ->check(CLI::IsMember({"mpi", "c10d"}));
+  checkpoint_bench_cmd->add_option("--layers", bench_checkpoint.layers, "GPT blocks")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  checkpoint_bench_cmd->add_option("--dim", bench_checkpoint.dim, "GPT width (a multiple of 8)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  checkpoint_bench_cmd->add_option("--rounds", bench_checkpoint.rounds, "Repetitions (the median is reported)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  checkpoint_bench_cmd->add_option("--dir", bench_checkpoint.dir, "Where to write the checkpoint (removed at the end)")
+      ->capture_default_str();
+  checkpoint_bench_cmd->add_option("--json", bench_checkpoint.json_path, "Also write the results as JSON to this path");
+
   dtrain::cli::PlanFlags plan_flags;
   auto* plan_cmd = dtrain::cli::add_plan_subcommand(app, plan_flags);
 
@@ -156,6 +173,17 @@ int main(int argc, char** argv) {
                      "--model", bench_ddp.model, "--steps", std::to_string(bench_ddp.steps),
                      "--rounds", std::to_string(bench_ddp.rounds), "--warmup", std::to_string(bench_ddp.warmup)};
       if (!bench_ddp.json_path.empty()) job.command.insert(job.command.end(), {"--json", bench_ddp.json_path});
+      return dtrain::cli::launch(job);
+    }
+    if (checkpoint_bench_cmd->parsed()) {
+      if (inside_launched_job()) return dtrain::cli::bench_checkpoint_rank(bench_checkpoint);
+      dtrain::cli::LaunchOptions job;
+      job.nproc = bench_checkpoint.nproc;
+      job.backend = bench_checkpoint.backend;
+      job.command = {dtrain::cli::self_executable(), "bench", "checkpoint", "--backend", bench_checkpoint.backend,
+                     "--layers", std::to_string(bench_checkpoint.layers), "--dim", std::to_string(bench_checkpoint.dim),
+                     "--rounds", std::to_string(bench_checkpoint.rounds), "--dir", bench_checkpoint.dir};
+      if (!bench_checkpoint.json_path.empty()) job.command.insert(job.command.end(), {"--json", bench_checkpoint.json_path});
       return dtrain::cli::launch(job);
     }
     if (fsdp_cmd->parsed()) {
