@@ -120,7 +120,20 @@ struct SamplerOptions {
   int rank = 0;
   uint64_t seed = 0;
   bool shuffle = true;
+  // Explicit local batch sizes, one per rank (e.g. from
+  // split_batch_by_throughput): each >= 1, summing to B. Empty: the even
+  // split shard_range(B, W, rank).
+  std::vector<int64_t> local_batch_sizes = {};
 };
+
+// Splits a global batch of `global_batch` samples into one count per rank in
+// proportion to `throughputs` (samples per second measured on each rank), so
+// that a slow rank gets a smaller part. Every count is >= 1 and they sum to
+// exactly global_batch. Deterministic (largest remainder; ties go to the lower
+// rank), so every rank computes the same split from the same throughputs.
+// Throws std::invalid_argument for an empty list, a throughput that is not a
+// positive finite number, or global_batch < the number of ranks.
+std::vector<int64_t> split_batch_by_throughput(int64_t global_batch, const std::vector<double>& throughputs);
 
 // Which samples each step uses, identical on every rank and for every world
 // size.
@@ -135,6 +148,8 @@ struct SamplerOptions {
 //
 // A rank's part is the contiguous slice shard_range(B, W, rank) of the global
 // batch (include/dtrain/comm.h): the first B % W ranks get one sample more.
+// With options.local_batch_sizes set, rank r's part is instead the slice of
+// that size starting after ranks 0..r-1's parts (heterogeneity-aware sizes).
 // Parts are disjoint and their union, in rank order, is the global batch. To
 // get the gradients of one process training on the global batch, weight each
 // rank's mean loss by (local batch size * W / B) before DDP averages.

@@ -52,6 +52,29 @@ void check_options(const SamplerOptions& o) {
   if (o.global_batch_size < o.world_size)
     fail("global batch size " + std::to_string(o.global_batch_size) + " cannot give each of " +
          std::to_string(o.world_size) + " ranks a sample: use a global batch of at least the world size");
+  if (o.local_batch_sizes.empty()) return;
+  if (static_cast<int64_t>(o.local_batch_sizes.size()) != o.world_size)
+    fail("local_batch_sizes has " + std::to_string(o.local_batch_sizes.size()) + " entries for " +
+         std::to_string(o.world_size) + " ranks: give one size per rank (or none for the even split)");
+  int64_t sum = 0;
+  for (size_t r = 0; r < o.local_batch_sizes.size(); ++r) {
+    if (o.local_batch_sizes[r] < 1)
+      fail("local batch size of rank " + std::to_string(r) + " is " + std::to_string(o.local_batch_sizes[r]) +
+           ": every rank needs at least one sample");
+    sum += o.local_batch_sizes[r];
+  }
+  if (sum != o.global_batch_size)
+    fail("local_batch_sizes sum to " + std::to_string(sum) + " but the global batch size is " +
+         std::to_string(o.global_batch_size) + " (use data::split_batch_by_throughput)");
+}
+
+// Rank `rank`'s contiguous part of the global batch (see DistributedSampler).
+ShardRange local_part(const SamplerOptions& o) {
+  if (o.local_batch_sizes.empty()) return shard_range(o.global_batch_size, o.world_size, o.rank);
+  ShardRange part;
+  for (int r = 0; r < o.rank; ++r) part.offset += o.local_batch_sizes[static_cast<size_t>(r)];
+  part.count = o.local_batch_sizes[static_cast<size_t>(o.rank)];
+  return part;
 }
 
 }  // namespace
@@ -81,12 +104,12 @@ std::vector<int64_t> DistributedSampler::global_batch(int64_t step) const {
 
 std::vector<int64_t> DistributedSampler::local_batch(int64_t step) const {
   const auto global = global_batch(step);
-  const auto part = shard_range(options_.global_batch_size, options_.world_size, options_.rank);
+  const auto part = local_part(options_);
   return {global.begin() + part.offset, global.begin() + part.offset + part.count};
 }
 
 int64_t DistributedSampler::local_batch_size() const {
-  return shard_range(options_.global_batch_size, options_.world_size, options_.rank).count;
+  return local_part(options_).count;
 }
 
 int64_t DistributedSampler::epoch_of_step(int64_t step) const {
