@@ -61,27 +61,37 @@ check-multihost: build
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)
 
-# libFuzzer on the safetensors header parser, which does not use LibTorch
-# (src/checkpoint/safetensors_format.cpp), built with clang, ASan and UBSan:
-# FUZZ_SECONDS from the committed corpus tests/checkpoint/fuzz_corpus/. Inputs
-# it finds collect in $(FUZZ_BUILD)/corpus (kept between runs); then the ones
+# libFuzzer on the two parsers of untrusted checkpoint files, which do not use
+# LibTorch: the safetensors header (src/checkpoint/safetensors_format.cpp) and
+# the sharded checkpoint's manifest.json (src/checkpoint/manifest.cpp). Built
+# with clang, ASan and UBSan; each runs FUZZ_SECONDS from its committed corpus
+# (tests/checkpoint/fuzz_corpus/, fuzz_corpus_manifest/). Inputs it finds
+# collect in $(FUZZ_BUILD)/corpus-NAME (kept between runs); then the ones
 # reaching the most code the hand-made seeds do not are saved in the committed
-# corpus, at most FUZZ_CORPUS_MAX files in all (tests/checkpoint/trim_fuzz_corpus.py).
+# corpus, at most FUZZ_CORPUS_MAX files each (tests/checkpoint/trim_fuzz_corpus.py).
 # A crashing input is saved as $(FUZZ_BUILD)/crash-* and fails the target; the
-# committed corpus is replayed by the checkpoint.safetensors.Malformed test.
+# committed corpora are replayed by checkpoint.safetensors.Malformed and
+# checkpoint.manifest.FuzzCorpus.
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 300
-FUZZ_CORPUS = tests/checkpoint/fuzz_corpus
 FUZZ_CORPUS_MAX ?= 50
+FUZZ_FLAGS = -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Wall -Wextra -Isrc -Iinclude
+# $(call run_fuzzer,NAME,CORPUS,EXTRA_OPTIONS)
+define run_fuzzer
+	@mkdir -p $(FUZZ_BUILD)/corpus-$(1)
+	$(FUZZ_BUILD)/fuzz_$(1) -max_len=4096 -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(3) \
+	    -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_BUILD)/corpus-$(1) $(2)
+	@rm -rf $(FUZZ_BUILD)/merged $(FUZZ_BUILD)/merge.txt && mkdir -p $(FUZZ_BUILD)/merged
+	@$(FUZZ_BUILD)/fuzz_$(1) -merge=1 -use_counters=0 -max_len=4096 -merge_control_file=$(FUZZ_BUILD)/merge.txt \
+	    $(FUZZ_BUILD)/merged $(2) $(FUZZ_BUILD)/corpus-$(1) 2>$(FUZZ_BUILD)/merge.log
+	@python3 tests/checkpoint/trim_fuzz_corpus.py $(FUZZ_BUILD)/merge.txt $(2) $(FUZZ_CORPUS_MAX)
+endef
 .PHONY: fuzz
 fuzz:
 	@DTRAIN_SETUP_FUZZ=1 BUILD_DIR=$(FUZZ_BUILD) scripts/setup
-	clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Wall -Wextra -Isrc \
-	    src/checkpoint/safetensors_format.cpp tests/checkpoint/fuzz_safetensors.cpp -o $(FUZZ_BUILD)/fuzz_safetensors
-	@mkdir -p $(FUZZ_BUILD)/corpus
-	$(FUZZ_BUILD)/fuzz_safetensors -max_len=4096 -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-	    -dict=tests/checkpoint/fuzz_safetensors.dict -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_BUILD)/corpus $(FUZZ_CORPUS)
-	@rm -rf $(FUZZ_BUILD)/merged $(FUZZ_BUILD)/merge.txt && mkdir -p $(FUZZ_BUILD)/merged
-	@$(FUZZ_BUILD)/fuzz_safetensors -merge=1 -use_counters=0 -max_len=4096 -merge_control_file=$(FUZZ_BUILD)/merge.txt \
-	    $(FUZZ_BUILD)/merged $(FUZZ_CORPUS) $(FUZZ_BUILD)/corpus 2>$(FUZZ_BUILD)/merge.log
-	@python3 tests/checkpoint/trim_fuzz_corpus.py $(FUZZ_BUILD)/merge.txt $(FUZZ_CORPUS) $(FUZZ_CORPUS_MAX)
+	clang++ $(FUZZ_FLAGS) src/checkpoint/safetensors_format.cpp tests/checkpoint/fuzz_safetensors.cpp \
+	    -o $(FUZZ_BUILD)/fuzz_safetensors
+	clang++ $(FUZZ_FLAGS) src/checkpoint/manifest.cpp tests/checkpoint/fuzz_manifest.cpp -lxxhash \
+	    -o $(FUZZ_BUILD)/fuzz_manifest
+	$(call run_fuzzer,safetensors,tests/checkpoint/fuzz_corpus,-dict=tests/checkpoint/fuzz_safetensors.dict)
+	$(call run_fuzzer,manifest,tests/checkpoint/fuzz_corpus_manifest,)

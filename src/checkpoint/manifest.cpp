@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -43,6 +45,32 @@ int64_t file_bytes(const std::string& path) {
 
 namespace {
 
+// A manifest's integers must be JSON integers that fit: nlohmann's
+// get<int64_t>() converts 1e300 or 2^64-1 with undefined behaviour (found by
+// make fuzz).
+int64_t integer(const json& j) {
+  if (j.is_number_unsigned()) {
+    const uint64_t value = j.get<uint64_t>();
+    if (value > static_cast<uint64_t>(INT64_MAX)) throw std::runtime_error("integer " + std::to_string(value) + " is too large");
+    return static_cast<int64_t>(value);
+  }
+  if (!j.is_number_integer()) throw std::runtime_error(std::string("expected an integer, found ") + j.type_name());
+  return j.get<int64_t>();
+}
+
+int small_integer(const json& j) {
+  const int64_t value = integer(j);
+  if (value < INT32_MIN || value > INT32_MAX) throw std::runtime_error("integer " + std::to_string(value) + " is too large");
+  return static_cast<int>(value);
+}
+
+std::vector<int64_t> integers(const json& j) {
+  if (!j.is_array()) throw std::runtime_error(std::string("expected a list of integers, found ") + j.type_name());
+  std::vector<int64_t> values;
+  for (const auto& item : j) values.push_back(integer(item));
+  return values;
+}
+
 std::string hex(uint64_t value) {
   char text[17];
   std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
@@ -68,10 +96,10 @@ CheckpointManifest::File file_from(const json& j) {
   if (file.name.empty() || file.name.find('/') != std::string::npos || file.name[0] == '.') {
     throw std::runtime_error("file name '" + file.name + "' is not a plain file name");
   }
-  file.bytes = j.at("bytes").get<int64_t>();
+  file.bytes = integer(j.at("bytes"));
   file.xxh64 = from_hex(j.at("xxh64").get<std::string>());
   for (const auto& piece : j.at("pieces")) {
-    CheckpointManifest::Piece p{piece.at(0).get<std::string>(), piece.at(1).get<int64_t>(), piece.at(2).get<int64_t>()};
+    CheckpointManifest::Piece p{piece.at(0).get<std::string>(), integer(piece.at(1)), integer(piece.at(2))};
     if (p.begin < 0 || p.end < p.begin) throw std::runtime_error("piece of '" + p.name + "' has a bad range");
     file.pieces.push_back(std::move(p));
   }
@@ -81,7 +109,7 @@ CheckpointManifest::File file_from(const json& j) {
 json tensor_json(const CheckpointManifest::Tensor& tensor) { return {{"dtype", tensor.dtype}, {"shape", tensor.shape}}; }
 
 CheckpointManifest::Tensor tensor_from(const json& j) {
-  CheckpointManifest::Tensor tensor{j.at("dtype").get<std::string>(), j.at("shape").get<std::vector<int64_t>>()};
+  CheckpointManifest::Tensor tensor{j.at("dtype").get<std::string>(), integers(j.at("shape"))};
   for (int64_t d : tensor.shape) {
     if (d < 0) throw std::runtime_error("negative dimension");
   }
@@ -90,7 +118,9 @@ CheckpointManifest::Tensor tensor_from(const json& j) {
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) throw std::runtime_error("a tensor's shape has more elements than fit in 64 bits");
+  }
   return n;
 }
 
@@ -140,13 +170,13 @@ CheckpointManifest manifest_from_json(const std::string& text, const std::string
     const json j = json::parse(text);
     if (j.at("format").get<std::string>() != "dtrain-sharded-checkpoint") throw std::runtime_error("not a dtrain checkpoint");
     CheckpointManifest manifest;
-    manifest.format_version = j.at("format_version").get<int>();
+    manifest.format_version = small_integer(j.at("format_version"));
     if (manifest.format_version != kCheckpointFormatVersion) {
       throw std::runtime_error("format version " + std::to_string(manifest.format_version) + ", this dtrain reads " +
                                std::to_string(kCheckpointFormatVersion));
     }
-    manifest.step = j.at("step").get<int64_t>();
-    manifest.world_size = j.at("world_size").get<int>();
+    manifest.step = integer(j.at("step"));
+    manifest.world_size = small_integer(j.at("world_size"));
     manifest.strategy = j.at("strategy").get<std::string>();
     manifest.optimizer = j.at("optimizer").get<std::string>();
     manifest.extra = j.at("extra").get<std::map<std::string, std::string>>();

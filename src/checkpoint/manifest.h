@@ -2,7 +2,7 @@
 // See "sharded checkpoints" in include/dtrain/checkpoint.h.
 #pragma once
 
-#include <dtrain/checkpoint.h>
+#include <dtrain/checkpoint_manifest.h>
 
 #include <cstdint>
 #include <string>

@@ -1,6 +1,7 @@
 // safetensors files (include/dtrain/checkpoint.h, src/checkpoint/): round
 // trips of every dtype, the exact bytes of a small file, every kind of
 // malformed file, atomic writes, and loading into modules. Single-process.
+#include "checkpoint/manifest.h"
 #include "checkpoint/safetensors_format.h"
 #include "dtrain/checkpoint.h"
 #include "dtrain/models.h"
@@ -503,3 +504,50 @@ TEST(SafetensorsModule, WideningIsExactNarrowingIsAnError) {
 }
 
 }  // namespace
+
+// ------------------------------------------------- checkpoint manifest parser
+
+// What make fuzz found: integers that are floats or too large for int64 (a
+// conversion with undefined behaviour in nlohmann's get), and shapes whose
+// element count overflows, are rejected with a message.
+TEST(CheckpointManifest, OutOfRangeNumbersAreRejected) {
+  const std::string good_files = R"("files":[{"name":"rank-00000-of-00001.safetensors","bytes":8,"xxh64":"0123456789abcdef","pieces":[["w",0,2]]}])";
+  auto manifest = [&](const std::string& step, const std::string& shape) {
+    return R"({"format":"dtrain-sharded-checkpoint","format_version":1,"step":)" + step +
+           R"(,"world_size":1,"strategy":"ddp","optimizer":"none","extra":{},"tensors":{"w":{"dtype":"float32","shape":)" +
+           shape + "}}," + good_files + "}";
+  };
+  EXPECT_NO_THROW(dtrain::detail::manifest_from_json(manifest("3", "[2]"), "m"));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {manifest("5.5e54", "[2]"), "expected an integer, found number"},
+      {manifest("18446744073709551615", "[2]"), "is too large"},
+      {manifest("\"3\"", "[2]"), "expected an integer, found string"},
+      {manifest("3", "[4294967296, 4294967296, 4294967296]"), "more elements than fit in 64 bits"},
+      {manifest("3", "[2.5]"), "expected an integer"},
+  };
+  for (const auto& [text, expected] : cases) {
+    try {
+      dtrain::detail::manifest_from_json(text, "m");
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const std::runtime_error& error) {
+      EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find("not a complete checkpoint manifest"), std::string::npos) << error.what();
+    }
+  }
+}
+
+// The committed fuzz corpus (make fuzz): every input parses or is rejected
+// with std::runtime_error, never anything else.
+TEST(CheckpointManifest, FuzzCorpusParsesOrIsRejected) {
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(DTRAIN_MANIFEST_FUZZ_CORPUS)) {
+    const std::string text = read_bytes(entry.path().string());
+    try {
+      const auto manifest = dtrain::detail::manifest_from_json(text, entry.path().string());
+      EXPECT_EQ(manifest.files.size(), static_cast<size_t>(manifest.world_size)) << entry.path();
+    } catch (const std::runtime_error&) {
+    }
+    ++files;
+  }
+  EXPECT_GE(files, 1);
+}
