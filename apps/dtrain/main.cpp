@@ -7,6 +7,7 @@
 #include "checkpoint.h"
 #include "launch.h"
 #include "plan.h"
+#include "trace.h"
 #include "train.h"
 
 #include "dtrain/comm.h"
@@ -114,6 +115,9 @@ int main(int argc, char** argv) {
 
   auto* train_cmd = dtrain::cli::add_train_subcommand(app);
 
+  dtrain::cli::TraceFlags trace_flags;
+  auto* trace_summary_cmd = dtrain::cli::add_trace_subcommand(app, trace_flags);
+
   dtrain::cli::CheckpointFlags checkpoint_flags;
   const auto checkpoint_cmds = dtrain::cli::add_checkpoint_subcommand(app, checkpoint_flags);
 
@@ -191,6 +195,7 @@ int main(int argc, char** argv) {
       return dtrain::cli::bench_fsdp(bench_fsdp);
     }
     if (plan_cmd->parsed()) return dtrain::cli::plan_main(plan_flags);
+    if (trace_summary_cmd->parsed()) return dtrain::cli::trace_summary_main(trace_flags);
     if (checkpoint_cmds.inspect->parsed()) return dtrain::cli::checkpoint_inspect(checkpoint_flags);
     if (checkpoint_cmds.export_->parsed()) return dtrain::cli::checkpoint_export(checkpoint_flags);
   } catch (const std::invalid_argument& error) {

@@ -15,13 +15,15 @@ void CommThread::shutdown() {
 
 CommThread::~CommThread() { shutdown(); }
 
-WorkPtr CommThread::enqueue(Describe describe, Operation op) {
+WorkPtr CommThread::enqueue(Describe describe, Operation op, OperationTrace traced) {
   auto work = std::make_shared<WorkState>();
+  const auto label = trace::enabled() ? trace::current_label() : trace::LabelValue{};
+  work->set_trace(traced.op, label);
   {
     std::lock_guard lock(mutex_);
     const uint64_t seq = next_seq_++;
     work->set_waiter_help([this, seq] { run_through(seq); });
-    queue_.push_back(Task{seq, std::move(describe), std::move(op), work});
+    queue_.push_back(Task{seq, std::move(describe), std::move(op), work, traced, label});
   }
   work_available_.notify_one();
   return work;
@@ -33,6 +35,7 @@ CommThread::Running CommThread::running() const {
 }
 
 void CommThread::loop() {
+  trace::set_thread_name("comm");
   std::unique_lock lock(mutex_);
   for (;;) {
     work_available_.wait(lock, [this] { return !executing_ && (stopping_ || !queue_.empty()); });
@@ -63,6 +66,8 @@ void CommThread::run_front(std::unique_lock<std::mutex>& lock) {
         CommError(task.describe(task.seq) +
                   " was not run: the communicator is unusable after an earlier failure: " + earlier_failure)));
   } else {
+    trace::Span span(task.trace.op, trace::category::comm, {{"bytes", task.trace.bytes}, {"seq", task.seq}});
+    trace::add_label(span, task.label);
     try {
       task.op(task.seq);
     } catch (const std::exception& error) {

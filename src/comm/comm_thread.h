@@ -11,6 +11,7 @@
 #pragma once
 
 #include "comm/work.h"
+#include "dtrain/trace.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -22,6 +23,12 @@
 #include <thread>
 
 namespace dtrain {
+
+// What the trace records of an operation (Note [trace names] in dtrain/trace.h).
+struct OperationTrace {
+  const char* op = "operation";
+  int64_t bytes = 0;
+};
 
 class CommThread {
  public:
@@ -39,7 +46,7 @@ class CommThread {
   CommThread(const CommThread&) = delete;
   CommThread& operator=(const CommThread&) = delete;
 
-  WorkPtr enqueue(Describe describe, Operation op);
+  WorkPtr enqueue(Describe describe, Operation op, OperationTrace traced = {});
 
   struct Running {
     bool active = false;
@@ -57,6 +64,8 @@ class CommThread {
     Describe describe;
     Operation op;
     std::shared_ptr<WorkState> work;
+    OperationTrace trace;
+    trace::LabelValue label;  // the issuer's, when tracing
   };
   void loop();
   // Runs queued operations until operation `seq` has finished (see Note [issue order]).

@@ -155,7 +155,8 @@ WorkPtr enqueue_collective(Communicator::Impl* impl, const OpSignature& sig, con
                                    ++impl->collectives_run;
                                    fn(*impl->backend);
                                  });
-                               });
+                               },
+                               {to_string(sig.kind), sig.count * static_cast<int64_t>(c10::elementSize(sig.dtype))});
 }
 
 }  // namespace
@@ -232,7 +233,8 @@ WorkPtr Communicator::send(torch::Tensor tensor, int dst, int tag) {
       },
       [impl, tensor, dst, tag, context = IssuerContext::capture(tensor)](uint64_t) {
         context.run([&] { impl->backend->send(tensor, dst, tag); });
-      });
+      },
+      {"send", static_cast<int64_t>(tensor.nbytes())});
 }
 
 WorkPtr Communicator::recv(torch::Tensor tensor, int src, int tag) {
@@ -249,7 +251,8 @@ WorkPtr Communicator::recv(torch::Tensor tensor, int src, int tag) {
       },
       [impl, tensor, src, tag, context = IssuerContext::capture(tensor)](uint64_t) mutable {
         context.run([&] { impl->backend->recv(tensor, src, tag); });
-      });
+      },
+      {"recv", static_cast<int64_t>(tensor.nbytes())});
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key) {

@@ -3,6 +3,8 @@
 namespace dtrain {
 
 void WorkState::wait() {
+  trace::Span span("wait", trace::category::wait, {{"op", trace_op_}});
+  trace::add_label(span, trace_label_);
   if (waiter_help_ && !is_completed()) waiter_help_();
   std::unique_lock lock(mutex_);
   done_cv_.wait(lock, [this] { return done_; });

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "dtrain/comm.h"
+#include "dtrain/trace.h"
 
 #include <condition_variable>
 #include <exception>
@@ -19,6 +20,11 @@ class WorkState final : public Work {
   // Called by wait() before blocking: runs the queue up to this operation on
   // the waiting thread (see Note [issue order] in comm_thread.h).
   void set_waiter_help(std::function<void()> help) { waiter_help_ = std::move(help); }
+  // What wait() records in a trace: the operation's name and its issuer's label.
+  void set_trace(const char* op, const trace::LabelValue& label) {
+    trace_op_ = op;
+    trace_label_ = label;
+  }
 
   void mark_done();
   void mark_failed(std::exception_ptr error);
@@ -29,6 +35,8 @@ class WorkState final : public Work {
   bool done_ = false;
   std::exception_ptr error_;
   std::function<void()> waiter_help_;
+  const char* trace_op_ = "operation";
+  trace::LabelValue trace_label_;
 };
 
 }  // namespace dtrain

@@ -3,6 +3,8 @@
 #include "common/tensor_alias.h"
 #include "ddp/bucket_assignment.h"
 
+#include <dtrain/trace.h>
+
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -122,6 +124,7 @@ void Reducer::on_gradient_ready(int parameter) {
   if (!sync_) return;
   if (!finalize_queued_) {
     finalize_queued_ = true;
+    backward_started_ns_ = trace::enabled() ? trace::now_ns() : -1;
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
   }
   if (ready_[parameter]) {
@@ -137,6 +140,8 @@ void Reducer::on_gradient_ready(int parameter) {
 void Reducer::launch_complete_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].missing == 0) {
     auto& bucket = buckets_[next_bucket_++];
+    trace::instant("bucket_ready", "ddp", {{"bucket", bucket.grads.index}});
+    const trace::Label label("bucket", bucket.grads.index);
     HookContext context{*comm_, iteration_, 0};
     bucket.reduction = hook_->reduce(bucket.grads, context);
     bytes_this_step_ += context.bytes_sent;
@@ -201,6 +206,9 @@ void Reducer::finalize_backward() {
   write_back_gradients(used_anywhere);
   ++iteration_;
   last_ = DDPStepStats{iteration_, bytes_this_step_, static_cast<int64_t>(buckets_.size()), waited};
+  trace::complete("ddp_backward", trace::category::compute, backward_started_ns_,
+                  {{"buckets", static_cast<int64_t>(buckets_.size())}});
+  trace::sample_memory();
 }
 
 void Reducer::write_back_gradients(const torch::Tensor& used_anywhere) {

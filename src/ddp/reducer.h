@@ -89,6 +89,7 @@ class Reducer {
   int64_t bytes_this_step_ = 0;
   int64_t iteration_ = 0;
   DDPStepStats last_;
+  int64_t backward_started_ns_ = -1;  // "ddp_backward" span (dtrain/trace.h), -1: not traced
 };
 
 }  // namespace dtrain::detail

@@ -4,6 +4,8 @@
 #include "fsdp/activation_checkpoint.h"
 #include "fsdp/wrap_policy.h"
 
+#include <dtrain/trace.h>
+
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -116,6 +118,7 @@ void FSDPState::build_units() {
   for (auto& plan : plan_units(root_, options_.wrap)) {
     units_.push_back(std::make_unique<Unit>(plan.name, plan.module.get(), std::move(plan.parameter_names),
                                             std::move(plan.parameters), groups, options_));
+    units_.back()->set_index(static_cast<int>(units_.size() - 1));
   }
   std::lock_guard<std::mutex> lock(g_registry_mutex);
   for (size_t i = 1; i < units_.size(); ++i) {
@@ -199,6 +202,7 @@ void consume(Unit& unit, int& inflight) {
 torch::Tensor FSDPState::forward_root(const std::function<torch::Tensor()>& forward) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (in_root_forward_) throw std::logic_error("FSDP: the root forward was entered twice (recursively)");
+  const trace::Span span("unit_forward", trace::category::compute, {{"unit", 0}, {"name", units_[0]->trace_name()}});
   // A new forward: parameters changed since the last gather (optimizer
   // step), so every unit gathers afresh.
   for (auto& unit : units_) {
@@ -241,6 +245,7 @@ torch::Tensor FSDPState::forward_root(const std::function<torch::Tensor()>& forw
   if (output.is_floating_point() && output.scalar_type() != output_dtype) output = output.to(output_dtype);
   root.set_state(TrainingState::ForwardDone);
   hook_outputs(root, output);
+  trace::sample_memory();
   return output;
 }
 
@@ -256,6 +261,8 @@ torch::Tensor FSDPState::forward_unit(Unit& unit, const std::function<torch::Ten
     throw std::runtime_error("FSDP: unit " + unit.display_name() +
                              " was called twice in one forward; a unit may run once per forward");
   }
+  const trace::Span span("unit_forward", trace::category::compute,
+                         {{"unit", unit.index()}, {"name", unit.trace_name()}});
   unit.set_state(TrainingState::Forward);
   this_forward_.push_back(&unit);
   if (unit.start_unshard()) ++inflight_gathers_;
@@ -268,6 +275,7 @@ torch::Tensor FSDPState::forward_unit(Unit& unit, const std::function<torch::Ten
   unit.set_state(TrainingState::ForwardDone);
   hook_outputs(unit, output);
   if (reshard_after_forward(unit)) unit.reshard(/*free_full=*/true);
+  trace::sample_memory();
   return output;
 }
 
@@ -289,6 +297,7 @@ void FSDPState::pre_backward(Unit& unit) {
                              to_string(unit.state()) +
                              "; a second backward through one forward (retain_graph) is not supported");
   }
+  unit.backward_started_ns = trace::enabled() ? trace::now_ns() : -1;
   unit.stash_shard_gradients();
   if (unit.start_unshard()) ++inflight_gathers_;
   if (options_.backward_prefetch == BackwardPrefetch::Pre) prefetch(neighbour_in_order(unit, -1));
@@ -305,6 +314,15 @@ void FSDPState::on_gradient_ready(Unit& unit, size_t parameter) {
   unit.set_state(TrainingState::PostBackward);
   unit.reshard(free_after_backward());
   if (options_.backward_prefetch == BackwardPrefetch::Post) prefetch(neighbour_in_order(unit, -1));
+  end_backward_span(unit);
+}
+
+void FSDPState::end_backward_span(Unit& unit) {
+  if (unit.backward_started_ns < 0) return;
+  trace::complete("unit_backward", trace::category::compute, unit.backward_started_ns,
+                  {{"unit", unit.index()}, {"name", unit.trace_name()}});
+  unit.backward_started_ns = -1;
+  trace::sample_memory();
 }
 
 void FSDPState::bound_inflight_reductions() {
@@ -336,6 +354,7 @@ void FSDPState::finalize_backward() {
       if (sync_) bound_inflight_reductions();
       unit->reduce_gradients(sync_);
       if (sync_) reduce_order_.push_back(unit.get());
+      end_backward_span(*unit);
     }
   }
   for (auto& unit : units_) unit->reshard(free_after_backward());

@@ -47,6 +47,8 @@ class FSDPState {
   void pre_backward(Unit& unit);
   void on_gradient_ready(Unit& unit, size_t parameter);
   void finalize_backward();
+  // Records the unit's "unit_backward" span, if its backward was traced.
+  void end_backward_span(Unit& unit);
   // Waits for the oldest reductions while max_inflight_reductions are outstanding.
   void bound_inflight_reductions();
   void prefetch(Unit* unit);

@@ -2,6 +2,8 @@
 
 #include "common/tensor_alias.h"
 
+#include <dtrain/trace.h>
+
 #include <torch/torch.h>
 
 #include <stdexcept>
@@ -22,6 +24,7 @@ const char* to_string(TrainingState state) {
 Unit::Unit(std::string name, const torch::nn::Module* module, std::vector<std::string> parameter_names,
            std::vector<torch::Tensor> parameters, UnitGroups groups, const FSDPOptions& options)
     : name_(std::move(name)),
+      trace_name_(trace::intern(name_.empty() ? "(root)" : name_)),
       module_(module),
       flat_(std::move(parameter_names), std::move(parameters), groups.shard->size(), groups.shard->rank(),
             options.mixed_precision.param_dtype),
@@ -38,6 +41,7 @@ bool Unit::start_unshard() {
   torch::NoGradGuard no_grad;
   flat_.allocate_full();
   gather_source_ = flat_.shard().to(options_.mixed_precision.param_dtype);
+  const trace::Label label("unit", index_, trace_name_);
   gather_work_ = groups_.shard->all_gather(gather_source_, flat_.full_for_writing());
   return true;
 }
@@ -117,6 +121,7 @@ void Unit::reduce_gradients(bool sync) {
   // predict the peak to the byte.
   full_gradient_ = full;
   reduction_started_ = true;
+  const trace::Label label("unit", index_, trace_name_);
   if (options_.strategy == Sharding::OptimizerOnly) {
     reduce_work_ = groups_.shard->all_reduce(full_gradient_, ReduceOp::Avg);
   } else {
@@ -142,6 +147,7 @@ void Unit::finish_gradients() {
   }
   full_gradient_ = torch::Tensor();
   if (groups_.replicate && groups_.replicate->size() > 1) {
+    const trace::Label label("unit", index_, trace_name_);
     groups_.replicate->all_reduce(shard_gradient_, ReduceOp::Avg)->wait();
   }
   // Gradients in the master dtype, shaped like the parameters' shards.

@@ -94,8 +94,18 @@ class Unit {
 
   int64_t expected_gradients() const { return expected_gradients_; }
 
+  // The unit's place in FSDPState::units() (0: the root), for traces.
+  int index() const { return index_; }
+  void set_index(int index) { index_ = index; }
+  // Its name in trace events (Note [trace names] in dtrain/trace.h).
+  const char* trace_name() const { return trace_name_; }
+  // When its backward began (trace::now_ns()), or -1 when not traced.
+  int64_t backward_started_ns = -1;
+
  private:
   std::string name_;
+  int index_ = 0;
+  const char* trace_name_ = nullptr;
   const torch::nn::Module* module_;
   FlatParameter flat_;
   UnitGroups groups_;
