@@ -164,6 +164,9 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
   output->add_option("--log-every", c.log_every, "Progress and metrics lines every K steps")
       ->check(kPositive)->capture_default_str();
   output->add_option("--metrics", c.metrics_path, "Write metrics as JSON Lines to PATH (its folder must exist)");
+  output->add_option("--trace", c.trace_path,
+                     "Write every rank's timeline (compute, collectives, waits, memory) to PATH as Chrome trace JSON "
+                     "for Perfetto; summarise it with dtrain trace summary PATH");
 }
 
 bool given(const CLI::App& app, const std::string& flag) { return app.count(flag) > 0; }

@@ -84,6 +84,8 @@ struct TrainConfig {
   int64_t eval_windows = 256;  // GPT: validation windows per evaluation (the split's first ones)
   int64_t log_every = 10;
   std::string metrics_path;  // JSON Lines; "" = none
+  // Chrome trace-event JSON of every rank's timeline (dtrain/trace.h); "" = none.
+  std::string trace_path;
   bool print = true;         // rank 0 prints progress and results
   // A live progress line rewritten in place, or plain lines every log_every
   // steps; unset: live when stdout is a terminal.

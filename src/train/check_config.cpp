@@ -121,6 +121,13 @@ void check_train_config(const TrainConfig& c, int world_size) {
       fail("--metrics " + c.metrics_path + ": the folder " + parent.string() + " does not exist");
     if (fs::is_directory(c.metrics_path)) fail("--metrics " + c.metrics_path + " is a folder; give a file path");
   }
+  if (!c.trace_path.empty()) {
+    namespace fs = std::filesystem;
+    const fs::path parent = fs::path(c.trace_path).parent_path();
+    if (!parent.empty() && !fs::is_directory(parent))
+      fail("--trace " + c.trace_path + ": the folder " + parent.string() + " does not exist");
+    if (fs::is_directory(c.trace_path)) fail("--trace " + c.trace_path + " is a folder; give a file path");
+  }
 }
 
 }  // namespace dtrain

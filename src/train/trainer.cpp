@@ -16,6 +16,7 @@
 
 #include "dtrain/data.h"
 #include "dtrain/memory.h"
+#include "dtrain/trace.h"
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
 #include "train/initial_weights.h"
@@ -256,16 +257,26 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
 
   int64_t steps_done = total;  // less when a signal stops the run
   model.module->train();
+  // --trace: this rank's timeline from here to the end of the loop (dtrain/trace.h).
+  if (!config.trace_path.empty()) trace::start(rank);
   for (int64_t step = first_step; step < total; ++step) {
+    trace::Span step_span("step", trace::category::step, {{"step", step + 1}});
     const auto start = Clock::now();
     const double lr = train::learning_rate(schedule, step);
     train::set_learning_rate(*optimizer, lr);
     const data::Batch part = data.train->get_batch(sampler.local_batch(step));
     optimizer->zero_grad();
-    torch::Tensor local_sum = train::per_sample_loss(strategy->forward(part.inputs), part.targets).sum();
+    torch::Tensor local_sum;
+    {
+      trace::Span span("forward", trace::category::compute);
+      local_sum = train::per_sample_loss(strategy->forward(part.inputs), part.targets).sum();
+    }
     if (step + 1 == config.debug_nan_at_step && rank == 0) local_sum = local_sum * std::nan("");
-    // See Note [global batch loss].
-    (local_sum * (static_cast<double>(world_size) / static_cast<double>(batch))).backward();
+    {
+      trace::Span span("backward", trace::category::compute);
+      // See Note [global batch loss].
+      (local_sum * (static_cast<double>(world_size) / static_cast<double>(batch))).backward();
+    }
     const double grad_norm = config.grad_clip > 0 ? strategy->clip_grad_norm(config.grad_clip) : 0.0;
     // --on-nonfinite skip: agree on the loss before the update, so that every
     // rank skips the same steps (the gradient norm is already global).
@@ -275,9 +286,12 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
       world->all_reduce(global_sum, ReduceOp::Sum)->wait();
       skipped = !std::isfinite(global_sum.item<double>()) || !std::isfinite(grad_norm);
     }
-    if (!skipped) strategy->optimizer_step(*optimizer);
+    if (!skipped) {
+      trace::Span span("optimizer_step", trace::category::compute);
+      strategy->optimizer_step(*optimizer);
+    }
+    trace::sample_memory();
 
-    // One small all-reduce: the global loss and every rank's peak memory.
     // One small all-reduce: the global loss, every rank's peak memory, and
     // whether a rank was asked to stop (SIGINT/SIGTERM; see stop_signals.h).
     auto stats = torch::zeros({2 + world_size}, torch::kFloat64);
@@ -346,6 +360,11 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
   }
   progress.finish();
   const double train_seconds = seconds_since(run_start);
+  if (!config.trace_path.empty()) {
+    trace::write(config.trace_path, *world);  // collective: rank 0 writes every rank's events
+    if (printing) std::cout << "trace: " << config.trace_path << " (open in https://ui.perfetto.dev; dtrain trace summary "
+                            << config.trace_path << ")" << std::endl;
+  }
 
   // End of run: evaluate on the whole validation split (the full test set
   // for classification) and, for the GPT, write a few samples. A run stopped
