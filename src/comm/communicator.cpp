@@ -20,8 +20,9 @@ Communicator::Impl::Impl(std::unique_ptr<Backend> backend_in, std::chrono::milli
   watchdog = std::make_unique<Watchdog>(*thread, timeout, [raw](const std::string& what) {
     std::cerr << "dtrain: rank " << raw->rank() << " of " << raw->size() << " (" << raw->name()
               << " communicator): watchdog: " << what
-              << ". A peer rank probably died, is stuck, or issued a different collective"
-                 " (run with DTRAIN_DEBUG=1 to check). Aborting the job."
+              << ". A peer rank probably died, is stuck, cannot be reached over the network (a cut link,"
+                 " a host that went down), or issued a different collective (run with DTRAIN_DEBUG=1 to"
+                 " check). Aborting the job."
               << std::endl;
     raw->abort_job(1);
   });
