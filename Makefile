@@ -28,13 +28,21 @@ demo: build
 	    --batch-size 16 --steps 2000 --lr 3e-3 --warmup 100 --grad-clip 1 --eval-every 500 --log-every 100 \
 	    --metrics $(BUILD)/demo-metrics.jsonl
 
-# Results land in bench/results/ and, by hand with the command, in docs/PERFORMANCE.md.
+# Results land in bench/results/ and, by hand with the command, in docs/PERFORMANCE.md;
+# the plots (docs/img/) are redrawn from them at the end.
 bench: build
 	@mkdir -p bench/results
 	$(BUILD)/bin/dtrain bench collectives --nproc 2 --backend mpi --json bench/results/collectives-mpi-np2.json
 	$(BUILD)/bin/dtrain bench collectives --nproc 2 --backend c10d --max-bytes 16777216 --json bench/results/collectives-c10d-np2.json
 	BUILD=$(BUILD) bench/ddp.sh
 	BUILD=$(BUILD) bench/fsdp.sh
+	python3 bench/plot.py
+
+# Redraws docs/img/*.png (gnuplot) from the JSON already in bench/results/;
+# needs no build. A missing results file skips its plot with a note.
+.PHONY: plots
+plots:
+	python3 bench/plot.py
 
 asan:
 	@BUILD_DIR=$(ASAN_BUILD) scripts/setup
