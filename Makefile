@@ -36,6 +36,7 @@ bench: build
 	$(BUILD)/bin/dtrain bench collectives --nproc 2 --backend c10d --max-bytes 16777216 --json bench/results/collectives-c10d-np2.json
 	BUILD=$(BUILD) bench/ddp.sh
 	BUILD=$(BUILD) bench/fsdp.sh
+	BUILD=$(BUILD) bench/ps.sh
 	python3 bench/plot.py
 
 # Redraws docs/img/*.png (gnuplot) from the JSON already in bench/results/;

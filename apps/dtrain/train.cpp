@@ -12,6 +12,7 @@
 #include <iostream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 namespace dtrain::cli {
 namespace {
@@ -98,7 +99,7 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
 
   auto* parallel = app.add_option_group("Parallelism");
   const auto strategies = strategy_names();
-  parallel->add_option("--strategy", c.strategy, "single | ddp | zero1 | zero2 | fsdp | hsdp")
+  parallel->add_option("--strategy", c.strategy, "single | ddp | zero1 | zero2 | fsdp | hsdp | ps-sync | ps-async | ps-ssp")
       ->check(CLI::IsMember(strategies))->capture_default_str();
   parallel->add_option("--nproc", f.nproc,
                        "Local ranks to start (default: min(4, cores); 1 for --strategy single). "
@@ -110,6 +111,26 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
       ->check(CLI::IsMember({"none", "bf16", "powersgd", "topk"}))->capture_default_str();
   parallel->add_option("--mixed-precision", c.mixed_precision, "none | bf16 (sharded strategies; single and ddp: none)")
       ->check(CLI::IsMember({"none", "bf16"}))->capture_default_str();
+  // Parameter server and stragglers (issue 7; src/train/ps_training.h, src/train/stragglers.h).
+  parallel->add_option("--servers", c.servers, "ps-*: the last S ranks are servers, the others workers")
+      ->capture_default_str();
+  parallel->add_option("--staleness", c.staleness, "ps-ssp: the most steps a worker may run ahead of the slowest")
+      ->capture_default_str();
+  parallel->add_option("--backup-workers", c.backup_workers,
+                       "ps-sync: apply each step with the first W-k gradients, dropping the late ones")
+      ->capture_default_str();
+  parallel->add_option_function<std::string>(
+      "--slow-rank",
+      [&c](const std::string& text) {
+        try {
+          std::tie(c.slow_rank, c.slow_factor) = parse_slow_rank(text);
+        } catch (const std::invalid_argument& error) {
+          throw CLI::ValidationError(error.what());
+        }
+      },
+      "R:FACTOR: rank R sleeps (FACTOR-1) x its forward+backward time each step (a deliberate straggler)");
+  parallel->add_flag("--balance", c.balance,
+                     "ddp, ps-sync: after 5 steps, re-split the global batch by each rank's measured samples/s");
 
   auto* length = app.add_option_group("Length");
   auto* steps = length->add_option("--steps", c.steps, "Optimizer steps")->check(kPositive);

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dtrain {
@@ -48,6 +49,14 @@ struct TrainConfig {
   std::string strategy = "ddp";
   std::string compress = "none";  // none | bf16 | powersgd | topk
   std::string mixed_precision = "none";
+
+  // ---- parameter server and stragglers (issue 7; src/train/ps_training.h, src/train/stragglers.h)
+  int servers = 1;          // ps-*: the last S ranks serve; the other W = nproc - S train
+  int staleness = 2;        // ps-ssp: a worker runs at most this many steps ahead of the slowest
+  int backup_workers = 0;   // ps-sync: each step uses the first W - k gradients
+  int slow_rank = -1;       // --slow-rank R:FACTOR: rank R sleeps (FACTOR - 1) x its compute time
+  double slow_factor = 1.0;
+  bool balance = false;     // ddp, ps-sync: re-split the global batch by measured throughput
 
   // ---- length: exactly one of steps and epochs is positive
   int64_t steps = 0;
@@ -139,5 +148,9 @@ void check_init_from(const TrainConfig& config);
 // whether this build can train with one yet.
 std::vector<std::string> strategy_names();
 bool strategy_available(const std::string& strategy);
+
+// --slow-rank "R:FACTOR" -> {R, FACTOR}; throws std::invalid_argument naming
+// the flag for anything else. check_train_config checks the values.
+std::pair<int, double> parse_slow_rank(const std::string& text);
 
 }  // namespace dtrain

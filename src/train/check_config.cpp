@@ -42,6 +42,16 @@ void check_data(const TrainConfig& c) {
   if (!fs::exists(path, error)) fail("--data text:" + path + ": no such file or folder");
 }
 
+// A file the run writes (--metrics, --trace): its folder must exist, and it must not be one.
+void check_output_file(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  if (path.empty()) return;
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent))
+    fail(flag + " " + path + ": the folder " + parent.string() + " does not exist");
+  if (fs::is_directory(path)) fail(flag + " " + path + " is a folder; give a file path");
+}
+
 void check_checkpoint_flags(const TrainConfig& c) {
   namespace fs = std::filesystem;
   if (c.checkpoint_every < 0) fail("--checkpoint-every must be >= 0 steps (0: only at the end), got " + std::to_string(c.checkpoint_every));
@@ -64,6 +74,65 @@ void check_checkpoint_flags(const TrainConfig& c) {
     fail("--checkpoint-dir " + c.checkpoint_dir + ": the folder " + parent.string() + " does not exist");
 }
 
+
+// --servers, --staleness, --backup-workers, --slow-rank, --balance (issue 7).
+void check_ps_and_straggler_flags(const TrainConfig& c, int world_size) {
+  const bool ps = c.strategy.rfind("ps-", 0) == 0;
+  if (ps) {
+    if (c.servers < 1 || c.servers >= world_size)
+      fail("--servers " + std::to_string(c.servers) + " must be at least 1 and leave at least one worker among the " +
+           std::to_string(world_size) + " ranks (--nproc = workers + servers)");
+    if (c.staleness < 0) fail("--staleness must be >= 0 steps, got " + std::to_string(c.staleness));
+    if (c.grad_clip > 0)
+      fail("--grad-clip clips the global gradient norm, but with --strategy " + c.strategy +
+           " each worker pushes its own gradient and no rank sees the global one: leave --grad-clip out");
+    if (c.on_nonfinite == "skip")
+      fail("--on-nonfinite skip needs every rank to agree before the update; with --strategy " + c.strategy +
+           " the servers apply each push at once: use --on-nonfinite stop");
+    if (!c.trace_path.empty())
+      fail("--trace is not available with --strategy " + c.strategy + " yet (the parameter server's loop is not "
+           "instrumented): leave it out");
+    if (!c.checkpoint_dir.empty() || c.resume)
+      fail("--checkpoint-dir and --resume are not available with --strategy " + c.strategy +
+           " yet (the optimizer state lives on the servers): leave them out");
+    // Only ps-sync without backup workers keeps the workers in lockstep, so
+    // only there can they meet in a collective mid-run.
+    const bool lockstep = c.strategy == "ps-sync" && c.backup_workers == 0;
+    if (c.eval_every > 0 && !lockstep)
+      fail("--eval-every evaluates in lockstep, which would hold back --strategy " + c.strategy +
+           (c.backup_workers > 0 ? " with --backup-workers" : "") +
+           ": leave it out (the run evaluates once at the end)");
+    if (c.balance && c.backup_workers > 0)
+      fail("--balance and --backup-workers are two answers to one straggler: a backup worker may skip the step "
+           "at which the workers agree on the new split; give one of them");
+    const int workers = world_size - c.servers;
+    if (c.backup_workers < 0 || (c.backup_workers > 0 && c.backup_workers >= workers))
+      fail("--backup-workers " + std::to_string(c.backup_workers) + " must be at least 0 and below the " +
+           std::to_string(workers) + " workers");
+    if (c.batch_size < workers)
+      fail("--batch-size " + std::to_string(c.batch_size) + " is the global batch, split over " +
+           std::to_string(workers) + " workers: it must be at least the number of workers");
+  } else if (c.servers != 1 || c.staleness != 2) {
+    fail("--servers and --staleness configure the parameter server: they need --strategy ps-sync, ps-async or "
+         "ps-ssp, not " + c.strategy);
+  }
+  if (c.backup_workers != 0 && c.strategy != "ps-sync")
+    fail("--backup-workers needs --strategy ps-sync: " +
+         std::string(ps ? "in ps-async and ps-ssp no step waits for all workers anyway"
+                        : "an all-reduce cannot proceed without the late rank, so with --strategy " + c.strategy +
+                              " every step waits for the slowest; ps-sync servers can apply a step without it"));
+  if (c.balance && c.strategy != "ddp" && c.strategy != "ps-sync")
+    fail("--balance re-splits the global batch of synchronous data parallelism: it needs --strategy ddp or ps-sync, "
+         "not " + c.strategy);
+  if (c.slow_rank >= world_size)
+    fail("--slow-rank " + std::to_string(c.slow_rank) + ": there is no such rank among the " +
+         std::to_string(world_size) + " (ranks are 0.." + std::to_string(world_size - 1) + ")");
+  if (c.slow_rank >= 0 && !(c.slow_factor >= 1.0))
+    fail("--slow-rank R:FACTOR needs FACTOR >= 1 (2 = twice as slow), got " + std::to_string(c.slow_factor));
+  if (c.slow_rank >= 0 && ps && c.slow_rank >= world_size - c.servers)
+    fail("--slow-rank " + std::to_string(c.slow_rank) + " is a server (the last " + std::to_string(c.servers) +
+         " ranks): slow down a worker, 0.." + std::to_string(world_size - c.servers - 1));
+}
 }  // namespace
 
 void check_train_config(const TrainConfig& c, int world_size) {
@@ -91,6 +160,7 @@ void check_train_config(const TrainConfig& c, int world_size) {
 
   train::check_strategy({.name = c.strategy, .compress = c.compress, .mixed_precision = c.mixed_precision},
                         world_size);
+  check_ps_and_straggler_flags(c, world_size);
 
   if (c.steps < 0 || c.epochs < 0 || (c.steps > 0) == (c.epochs > 0))
     fail("give exactly one of --steps N and --epochs N (N >= 1)");
@@ -114,20 +184,8 @@ void check_train_config(const TrainConfig& c, int world_size) {
   check_positive("--log-every", c.log_every);
   if (c.eval_windows < world_size)
     fail("eval_windows " + std::to_string(c.eval_windows) + " must be at least the number of ranks");
-  if (!c.metrics_path.empty()) {
-    namespace fs = std::filesystem;
-    const fs::path parent = fs::path(c.metrics_path).parent_path();
-    if (!parent.empty() && !fs::is_directory(parent))
-      fail("--metrics " + c.metrics_path + ": the folder " + parent.string() + " does not exist");
-    if (fs::is_directory(c.metrics_path)) fail("--metrics " + c.metrics_path + " is a folder; give a file path");
-  }
-  if (!c.trace_path.empty()) {
-    namespace fs = std::filesystem;
-    const fs::path parent = fs::path(c.trace_path).parent_path();
-    if (!parent.empty() && !fs::is_directory(parent))
-      fail("--trace " + c.trace_path + ": the folder " + parent.string() + " does not exist");
-    if (fs::is_directory(c.trace_path)) fail("--trace " + c.trace_path + " is a folder; give a file path");
-  }
+  check_output_file("--metrics", c.metrics_path);
+  check_output_file("--trace", c.trace_path);
 }
 
 }  // namespace dtrain

@@ -9,7 +9,9 @@
 
 namespace dtrain {
 
-std::vector<std::string> strategy_names() { return {"single", "ddp", "zero1", "zero2", "fsdp", "hsdp"}; }
+std::vector<std::string> strategy_names() {
+  return {"single", "ddp", "zero1", "zero2", "fsdp", "hsdp", "ps-sync", "ps-async", "ps-ssp"};
+}
 
 bool strategy_available(const std::string& strategy) {
   const auto names = strategy_names();
@@ -59,6 +61,7 @@ class DataParallel final : public Strategy {
   DataParallel(Model& model, CommPtr world, DDPOptions options)
       : model_(model), world_(world), ddp_(model.module, std::move(world), std::move(options)) {}
   std::string name() const override { return "ddp"; }
+  double last_backward_wait_s() const override { return ddp_.last_step().exposed_comm_s; }
   torch::Tensor forward(const torch::Tensor& inputs) override {
     ddp_.before_forward();
     return model_.forward(inputs);
@@ -143,6 +146,10 @@ void check_strategy(const StrategyOptions& options, int world_size) {
     throw std::invalid_argument("--mixed-precision '" + options.mixed_precision + "' is not one of none, bf16");
   // Note: bf16 compute with fp32 master weights belongs to the sharded
   // strategies (FSDP's mixed precision); single and ddp train in fp32.
+  // The parameter server moves float32 parameters and gradients (ps.h).
+  if (options.mixed_precision != "none" && options.name.rfind("ps-", 0) == 0)
+    throw std::invalid_argument("--mixed-precision " + options.mixed_precision + " is not available with --strategy " +
+                                options.name + ": the parameter server trains in fp32 (use --mixed-precision none)");
   if (options.mixed_precision == "bf16" && (options.name == "single" || options.name == "ddp"))
     throw std::invalid_argument("--mixed-precision bf16 is not available with --strategy " + options.name +
                                 ": single and ddp train in fp32 (use --mixed-precision none)");
@@ -151,6 +158,9 @@ void check_strategy(const StrategyOptions& options, int world_size) {
 std::unique_ptr<Strategy> wrap_model(Model& model, const StrategyOptions& options, CommPtr world) {
   check_strategy(options, world->size());
   if (options.name == "single") return std::make_unique<SingleProcess>(model);
+  if (options.name.rfind("ps-", 0) == 0)
+    throw std::invalid_argument("--strategy " + options.name + " does not wrap a model: run_training hands it to "
+                                "train::run_parameter_server (src/train/ps_training.h)");
   if (options.name == "ddp") {
     DDPOptions ddp_options;
     ddp_options.comm_hook = hooks::by_name(options.compress);

@@ -41,6 +41,11 @@ class Strategy {
   // updated parameters whole again where they need to be).
   virtual void optimizer_step(torch::optim::Optimizer& optimizer) { optimizer.step(); }
 
+  // Seconds the last backward spent waiting for other ranks (ddp: the end
+  // of backward waiting on its buckets; 0 where unknown). --slow-rank and
+  // --balance subtract it to time this rank's own compute.
+  virtual double last_backward_wait_s() const { return 0; }
+
   // Collective: a sharded checkpoint of the model and `optimizer` at `step`
   // in `dir` (dtrain::save_checkpoint), and loading one saved by any
   // strategy at any world size (dtrain::load_checkpoint).

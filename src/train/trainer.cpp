@@ -26,8 +26,10 @@
 #include "train/model.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
+#include "train/ps_training.h"
 #include "train/samples.h"
 #include "train/stop_signals.h"
+#include "train/stragglers.h"
 #include "train/strategy.h"
 #include "train/training_data.h"
 
@@ -139,16 +141,25 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
   const int world_size = world->size();
   const int rank = world->rank();
   check_train_config(config, world_size);
+  // The parameter server has its own loop (servers and workers), sharing this file's parts.
+  if (train::is_parameter_server(config.strategy)) return train::run_parameter_server(config, world);
   const bool printing = config.print && rank == 0;
   memory::install_tracking_allocator();
   const train::TrainingData data = train::load_training_data(config);
-  data::DistributedSampler sampler({.dataset_size = data.train->size(),
-                                    .global_batch_size = config.batch_size,
-                                    .world_size = world_size,
-                                    .rank = rank,
-                                    .seed = config.seed,
-                                    .shuffle = config.shuffle});
-  const int64_t total = config.steps > 0 ? config.steps : sampler.steps_for_epochs(config.epochs);
+  // Rebuilt with --balance's local batch sizes (src/train/stragglers.h).
+  std::optional<data::DistributedSampler> sampler;
+  auto make_sampler = [&](std::vector<int64_t> local_batch_sizes) {
+    sampler.emplace(data::SamplerOptions{.dataset_size = data.train->size(),
+                                         .global_batch_size = config.batch_size,
+                                         .world_size = world_size,
+                                         .rank = rank,
+                                         .seed = config.seed,
+                                         .shuffle = config.shuffle,
+                                         .local_batch_sizes = std::move(local_batch_sizes)});
+  };
+  make_sampler({});
+  train::Stragglers stragglers(config, rank, rank, world_size);  // --slow-rank, --balance
+  const int64_t total = config.steps > 0 ? config.steps : sampler->steps_for_epochs(config.epochs);
   // Created once the data is known to fit, so a bad run leaves an old file alone.
   // A resumed run appends to the metrics file of the run it continues.
   train::MetricsWriter metrics;
@@ -264,7 +275,9 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
     const auto start = Clock::now();
     const double lr = train::learning_rate(schedule, step);
     train::set_learning_rate(*optimizer, lr);
-    const data::Batch part = data.train->get_batch(sampler.local_batch(step));
+    const std::vector<int64_t> local_indices = sampler->local_batch(step);
+    const data::Batch part = data.train->get_batch(local_indices);
+    stragglers.begin();
     optimizer->zero_grad();
     torch::Tensor local_sum;
     {
@@ -277,6 +290,7 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
       // See Note [global batch loss].
       (local_sum * (static_cast<double>(world_size) / static_cast<double>(batch))).backward();
     }
+    stragglers.end(static_cast<int64_t>(local_indices.size()), strategy->last_backward_wait_s());
     const double grad_norm = config.grad_clip > 0 ? strategy->clip_grad_norm(config.grad_clip) : 0.0;
     // --on-nonfinite skip: agree on the loss before the update, so that every
     // rank skips the same steps (the gradient norm is already global).
@@ -304,6 +318,11 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
     const bool stop_requested = values[1] != 0;
     for (int r = 0; r < world_size; ++r) peaks[static_cast<size_t>(r)] = static_cast<int64_t>(values[2 + r]);
     const int64_t done = step + 1;
+    if (auto sizes = stragglers.rebalance(done, *world)) {
+      make_sampler(*sizes);
+      if (printing) progress.message("balance: after step " + std::to_string(done) + " the local batches are " +
+                                     train::format_split(*sizes) + " (by measured samples/s)");
+    }
     if (skipped) {
       ++result.skipped_steps;
       if (printing) progress.message("step " + std::to_string(done) + " skipped: the loss is " + std::to_string(loss) +
@@ -414,6 +433,8 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
                  {"peak_rss_bytes", result.peak_rss_bytes},
                  {"resumed_from_step", result.resumed_from_step},
                  {"skipped_steps", result.skipped_steps},
+                 {"local_batch_sizes", stragglers.local_batch_sizes()},  // --balance; [] = the even split
+                 {"train_time_s", train_seconds},
                  {"stopped_by", stopped ? nlohmann::ordered_json(train::signal_name(result.stopped_by_signal))
                                         : nlohmann::ordered_json(nullptr)}});
 

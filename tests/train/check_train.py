@@ -12,6 +12,10 @@
         checks that every step's loss, and the final evaluation, match the first
         variant's within the tolerance: same seed, same global batch, any number
         of ranks, the same loss curve.
+
+    Both take --final-check "EXPR" (repeatable): a Python expression over the
+    final record's fields (of the last variant, for same-losses) that must be
+    true, e.g. --final-check "max_staleness <= 3".
 """
 
 import argparse
@@ -90,10 +94,22 @@ def check_final(records, args):
     return final
 
 
+def check_expressions(final, expressions):
+    for expression in expressions or []:
+        try:
+            value = eval(expression, {"__builtins__": {"len": len, "min": min, "max": max, "sum": sum}}, dict(final))
+        except Exception as error:  # a missing field or a typo: name it
+            fail("--final-check %r cannot be evaluated on %s: %s" % (expression, final, error))
+        if not value:
+            fail("--final-check %r is false for the final record %s" % (expression, json.dumps(final)))
+        print("check_train: %s holds" % expression)
+
+
 def command_run(args, workdir):
     path = os.path.join(workdir, "metrics.jsonl")
     train(args.dtrain, args.train_args, path)
     final = check_final(read_metrics(path), args)
+    check_expressions(final, args.final_check)
     print("check_train: PASS: final record %s" % json.dumps(final))
 
 
@@ -119,6 +135,7 @@ def command_same_losses(args, workdir):
             a, b = reference_final.get(field), final.get(field)
             if (a is None) != (b is None) or (a is not None and abs(a - b) > args.tolerance):
                 fail("final %s: %s with %r but %s with %r" % (field, a, reference_variant, b, variant))
+    check_expressions(runs[-1][2], args.final_check)
     print("check_train: PASS: %d variants, %d steps each, largest loss difference %.3g"
           % (len(runs), len(reference), worst))
 
@@ -129,11 +146,13 @@ def main():
     run = sub.add_parser("run")
     run.add_argument("dtrain")
     run.add_argument("--expect-world-size", type=int)
+    run.add_argument("--final-check", action="append")
     run.add_argument("train_args", nargs=argparse.REMAINDER)
     same = sub.add_parser("same-losses")
     same.add_argument("dtrain")
     same.add_argument("--variant", action="append", required=True)
     same.add_argument("--tolerance", type=float, default=1e-4)
+    same.add_argument("--final-check", action="append")
     same.add_argument("train_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     if args.train_args[:1] == ["--"]:

@@ -1,0 +1,312 @@
+#include "train/ps_training.h"
+
+#include "dtrain/data.h"
+#include "dtrain/memory.h"
+#include "dtrain/ps.h"
+#include "train/evaluate.h"
+#include "train/initial_weights.h"
+#include "train/lr_schedule.h"
+#include "train/metrics.h"
+#include "train/model.h"
+#include "train/optimizer.h"
+#include "train/progress.h"
+#include "train/stragglers.h"
+#include "train/training_data.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+
+namespace dtrain::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+ps::Mode mode_of(const std::string& strategy) {
+  if (strategy == "ps-sync") return ps::Mode::Sync;
+  if (strategy == "ps-async") return ps::Mode::Async;
+  return ps::Mode::SSP;
+}
+
+// evaluate() runs the model through a Strategy; a worker's module is plain
+// (the servers hold the optimizer), so forward is all it needs.
+class PlainForward final : public Strategy {
+ public:
+  explicit PlainForward(Model& model) : model_(model) {}
+  std::string name() const override { return "ps-worker"; }
+  torch::Tensor forward(const torch::Tensor& inputs) override { return model_.forward(inputs); }
+  std::vector<torch::Tensor> optimizer_parameters() override { return {}; }
+  double clip_grad_norm(double) override { throw std::logic_error("ps workers do not clip"); }
+  void save(const std::string&, torch::optim::Optimizer&, int64_t, const std::map<std::string, std::string>&) override {
+    throw std::logic_error("ps workers do not save checkpoints");
+  }
+  CheckpointManifest load(const std::string&, torch::optim::Optimizer&) override {
+    throw std::logic_error("ps workers do not load checkpoints");
+  }
+
+ private:
+  Model& model_;
+};
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+}  // namespace
+
+bool is_parameter_server(const std::string& strategy) { return strategy.rfind("ps-", 0) == 0; }
+
+TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
+  const int world_size = world->size();
+  const int rank = world->rank();
+  const bool printing = config.print && rank == 0;  // rank 0 is always a worker
+  memory::install_tracking_allocator();
+
+  ps::Group group(world, {.mode = mode_of(config.strategy),
+                          .servers = config.servers,
+                          .staleness = config.strategy == "ps-ssp" ? config.staleness : 0,
+                          .backup_workers = config.backup_workers});
+  const int workers = group.workers();
+  const bool lockstep = config.strategy == "ps-sync" && config.backup_workers == 0;
+  const OptimizerConfig optimizer_config{
+      .name = config.optimizer, .lr = config.lr, .momentum = config.momentum, .weight_decay = config.weight_decay};
+
+  // Workers only: the servers never read a sample.
+  std::optional<TrainingData> data;
+  std::optional<data::DistributedSampler> sampler;
+  auto make_sampler = [&](std::vector<int64_t> sizes) {
+    sampler.emplace(data::SamplerOptions{.dataset_size = data->train->size(),
+                                         .global_batch_size = config.batch_size,
+                                         .world_size = workers,
+                                         .rank = group.worker_index(),
+                                         .seed = config.seed,
+                                         .shuffle = config.shuffle,
+                                         .local_batch_sizes = std::move(sizes)});
+  };
+  int64_t total = config.steps;
+  if (group.is_worker()) {
+    data.emplace(load_training_data(config));
+    make_sampler({});
+    if (config.steps == 0) total = sampler->steps_for_epochs(config.epochs);
+  }
+  MetricsWriter metrics;
+  if (rank == 0 && !config.metrics_path.empty()) metrics = MetricsWriter(config.metrics_path);
+
+  const int64_t baseline = memory::live_bytes();
+  memory::reset_peak();
+  auto training_bytes = [baseline] { return std::max<int64_t>(0, memory::peak_bytes() - baseline); };
+
+  torch::manual_seed(config.seed);  // the same layout everywhere; workers start from rank 0's values anyway
+  Model model = build_model(config);
+  if (!config.init_from.empty()) {
+    load_initial_weights(*model.module, config.init_from);
+    memory::reset_peak();
+  }
+  const std::vector<torch::Tensor> parameters = model.module->parameters();
+
+  TrainResult result;
+  result.world_size = world_size;
+  std::optional<ps::ServerReport> report;
+  std::optional<Evaluation> final_eval;
+  double train_seconds = 0;
+  std::vector<double> step_times;
+  std::vector<int64_t> balanced;
+
+  if (group.is_server()) {
+    report = ps::serve(group, parameters, [&](std::vector<torch::Tensor> piece) {
+      return make_optimizer(piece, optimizer_config);
+    });
+  } else {
+    const int64_t batch = config.batch_size;
+    const double scale = static_cast<double>(workers) / static_cast<double>(batch);  // Note [global batch loss]
+    if (printing) {
+      std::cout << "dtrain train: " << config.model << ", " << model.parameters << " parameters\n"
+                << "  data      " << data->description << "\n"
+                << "  strategy  " << config.strategy << " on " << world_size << " ranks: " << workers
+                << (workers == 1 ? " worker" : " workers") << " (ranks 0-" << workers - 1 << "), " << config.servers
+                << (config.servers == 1 ? " server" : " servers");
+      if (config.strategy == "ps-ssp") std::cout << ", staleness bound " << config.staleness;
+      if (config.backup_workers > 0) std::cout << ", " << config.backup_workers << " backup worker(s)";
+      if (config.slow_rank >= 0) std::cout << "; rank " << config.slow_rank << " slowed " << config.slow_factor << "x";
+      std::cout << "\n  schedule  " << total << " steps of " << batch << " samples, " << config.optimizer << " lr "
+                << config.lr << std::endl;
+    }
+    ps::Worker worker(group, parameters);
+    torch::manual_seed(config.seed + 1 + static_cast<uint64_t>(rank));  // dropout masks differ per worker
+    const LRSchedule schedule{.peak_lr = config.lr, .warmup_steps = config.warmup, .total_steps = total};
+    Stragglers stragglers(config, rank, group.worker_index(), workers);
+    ProgressLine progress(std::cout, printing && config.live_progress.value_or(ProgressLine::stdout_is_terminal()),
+                          config.log_every);
+    const std::string rate_key = data->unit + "_per_s";
+    PlainForward plain(model);
+    model.module->train();
+    const auto run_start = Clock::now();
+    double window_seconds = 0;
+    int64_t window_steps = 0;
+    while (worker.next_step() < total) {
+      const auto start = Clock::now();
+      const int64_t step = worker.next_step();
+      const double lr = learning_rate(schedule, step);
+      const std::vector<int64_t> indices = sampler->local_batch(step);
+      const data::Batch part = data->train->get_batch(indices);
+      stragglers.begin();
+      for (auto& p : parameters) p.mutable_grad() = torch::Tensor();
+      torch::Tensor local_sum = per_sample_loss(model.forward(part.inputs), part.targets).sum();
+      if (step + 1 == config.debug_nan_at_step && rank == 0) local_sum = local_sum * std::nan("");
+      (local_sum * scale).backward();
+      stragglers.end(static_cast<int64_t>(indices.size()));
+      worker.push_and_pull(lr);
+
+      double loss = local_sum.item<double>() / static_cast<double>(indices.size());  // this worker's part
+      if (lockstep) {
+        auto sum = local_sum.detach().to(torch::kFloat64).reshape({1}).clone();
+        group.workers_comm()->all_reduce(sum, ReduceOp::Sum)->wait();
+        loss = sum.item<double>() / static_cast<double>(batch);
+      }
+      if (!std::isfinite(loss))
+        throw std::runtime_error("the loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
+                                 ": training diverged; try a lower --lr or more --warmup");
+      const int64_t done = step + 1;
+      if (lockstep) {
+        if (auto sizes = stragglers.rebalance(done, *group.workers_comm())) {
+          make_sampler(*sizes);
+          balanced = *sizes;
+          if (printing)
+            progress.message("balance: after step " + std::to_string(done) + " the workers' local batches are " +
+                             format_split(*sizes) + " (measured samples/s)");
+        }
+      }
+      const double step_seconds = seconds_since(start);
+      step_times.push_back(step_seconds);
+      result.losses.push_back(loss);
+      window_seconds += step_seconds;
+      ++window_steps;
+      const double units_per_step = static_cast<double>(batch * data->units_per_sample);
+      if (printing)
+        progress.update({.step = done,
+                         .total = total,
+                         .loss = loss,
+                         .rate = units_per_step / step_seconds,
+                         .rate_unit = data->unit + "/s",
+                         .eta_s = step_seconds * static_cast<double>(total - done),
+                         .peak_bytes_per_rank = {training_bytes()}});
+      if (done % config.log_every == 0 || done == total) {
+        const double step_time = window_seconds / static_cast<double>(window_steps);
+        metrics.write({{"step", done},
+                       {"loss", loss},
+                       {"lr", lr},
+                       {"step_time_s", step_time},
+                       {rate_key, units_per_step / step_time}});
+        window_seconds = 0;
+        window_steps = 0;
+      }
+      if (lockstep && config.eval_every > 0 && done % config.eval_every == 0 && done != total) {
+        const Evaluation e = evaluate(plain, model, *data->validation, data->validation->size(),
+                                      std::max<int64_t>(batch, 256), *group.workers_comm());
+        nlohmann::ordered_json record{{"step", done}, {"eval_loss", e.loss}};
+        if (e.accuracy) record["eval_accuracy"] = *e.accuracy;
+        metrics.write(record);
+      }
+    }
+    worker.finish();  // every worker now holds the servers' final parameters
+    progress.finish();
+    train_seconds = seconds_since(run_start);
+    result.steps = total;
+  }
+
+  const ps::Summary summary = ps::summarize(group, report ? &*report : nullptr);
+  if (group.is_worker()) {
+    const int64_t eval_count = model.classification ? data->validation->size()
+                                                    : std::min(data->validation->size(), config.eval_windows);
+    PlainForward plain(model);
+    final_eval = evaluate(plain, model, *data->validation, eval_count, std::max<int64_t>(config.batch_size, 256),
+                          *group.workers_comm());
+    nlohmann::ordered_json record{{"step", total}, {"eval_loss", final_eval->loss}};
+    if (final_eval->accuracy) record["eval_accuracy"] = *final_eval->accuracy;
+    metrics.write(record);
+  }
+
+  // Every rank's peak memory and RSS, servers included, and rank 0's time.
+  auto stats = torch::zeros({2 * world_size}, torch::kFloat64);
+  stats[rank] = static_cast<double>(training_bytes());
+  stats[world_size + rank] = static_cast<double>(memory::peak_rss_bytes());
+  world->all_reduce(stats, ReduceOp::Sum)->wait();
+  result.peak_memory_bytes_per_rank.resize(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    result.peak_memory_bytes_per_rank[static_cast<size_t>(r)] = static_cast<int64_t>(stats[r].item<double>());
+    result.peak_rss_bytes = std::max(result.peak_rss_bytes, static_cast<int64_t>(stats[world_size + r].item<double>()));
+  }
+  result.peak_memory_bytes =
+      *std::max_element(result.peak_memory_bytes_per_rank.begin(), result.peak_memory_bytes_per_rank.end());
+  result.loss = result.losses.empty() ? 0 : result.losses.back();
+  result.step_time_s_median = median(step_times);
+  if (final_eval) {
+    result.eval_loss = final_eval->loss;
+    result.eval_accuracy = final_eval->accuracy;
+  }
+  if (rank != 0) return result;
+
+  // Samples whose gradients the servers applied: every server records each
+  // applied push, and a push carries B / W samples.
+  const double applied_samples = static_cast<double>(summary.updates) / config.servers *
+                                 static_cast<double>(config.batch_size) / workers;
+  const double samples_per_s = train_seconds > 0 ? applied_samples / train_seconds : 0;
+  auto or_null = [](const std::optional<double>& value) {
+    return value ? nlohmann::ordered_json(*value) : nlohmann::ordered_json(nullptr);
+  };
+  metrics.write({{"final", true},
+                 {"steps", result.steps},
+                 {"loss", result.loss},
+                 {"eval_loss", or_null(result.eval_loss)},
+                 {"eval_accuracy", or_null(result.eval_accuracy)},
+                 {"world_size", world_size},
+                 {"strategy", config.strategy},
+                 {"model", config.model},
+                 {"parameters", model.parameters},
+                 {"step_time_s_median", result.step_time_s_median},
+                 {"peak_memory_bytes", result.peak_memory_bytes},
+                 {"peak_memory_bytes_per_rank", result.peak_memory_bytes_per_rank},
+                 {"peak_rss_bytes", result.peak_rss_bytes},
+                 {"resumed_from_step", 0},
+                 {"skipped_steps", 0},
+                 {"stopped_by", nullptr},
+                 {"workers", workers},
+                 {"servers", config.servers},
+                 {"train_time_s", train_seconds},
+                 {"samples_per_s", samples_per_s},
+                 {"updates", summary.updates},
+                 {"max_staleness", summary.max_staleness},
+                 {"mean_staleness", summary.mean_staleness},
+                 {"dropped_gradients", summary.dropped},
+                 {"local_batch_sizes", balanced}});
+  if (printing) {
+    std::ostringstream text;
+    text.setf(std::ios::fixed);
+    text.precision(4);
+    text << (model.classification ? "test " : "validation ") << "loss " << *result.eval_loss;
+    if (result.eval_accuracy) {
+      text.precision(2);
+      text << ", accuracy " << 100 * *result.eval_accuracy << "%";
+    }
+    text.precision(3);
+    text << "\ndone: " << config.strategy << ", " << workers << " workers + " << config.servers << " server(s), "
+         << result.steps << " steps in " << format_duration(train_seconds) << " (" << samples_per_s
+         << " applied samples/s); " << summary.updates << " updates, staleness max " << summary.max_staleness
+         << " mean " << summary.mean_staleness << ", " << summary.dropped << " dropped gradients\n";
+    std::cout << text.str() << std::flush;
+  }
+  return result;
+}
+
+}  // namespace dtrain::train
