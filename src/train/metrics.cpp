@@ -1,10 +1,44 @@
 #include "train/metrics.h"
 
+#include "dtrain/train.h"
+#include "train/stop_signals.h"
+
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
 namespace dtrain::train {
+
+nlohmann::ordered_json final_record(const TrainConfig& config, const TrainResult& result, int64_t parameters) {
+  auto or_null = [](const std::optional<double>& value) {
+    return value ? nlohmann::ordered_json(*value) : nlohmann::ordered_json(nullptr);
+  };
+  return {{"final", true},
+          {"steps", result.steps},
+          {"loss", result.loss},
+          {"eval_loss", or_null(result.eval_loss)},
+          {"eval_accuracy", or_null(result.eval_accuracy)},
+          {"world_size", result.world_size},
+          {"strategy", config.strategy},
+          {"model", config.model},
+          {"parameters", parameters},
+          {"step_time_s_median", result.step_time_s_median},
+          {"peak_memory_bytes", result.peak_memory_bytes},
+          {"peak_memory_bytes_per_rank", result.peak_memory_bytes_per_rank},
+          {"peak_rss_bytes", result.peak_rss_bytes},
+          {"resumed_from_step", result.resumed_from_step},
+          {"skipped_steps", result.skipped_steps},
+          {"stopped_by", result.stopped_by_signal != 0 ? nlohmann::ordered_json(signal_name(result.stopped_by_signal))
+                                                       : nlohmann::ordered_json(nullptr)}};
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   file_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));

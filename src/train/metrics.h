@@ -6,8 +6,21 @@
 
 #include <fstream>
 #include <string>
+#include <vector>
+
+namespace dtrain {
+struct TrainConfig;
+struct TrainResult;
+}  // namespace dtrain
 
 namespace dtrain::train {
+
+// The fields every run's last metrics line has ("final": true, steps, loss,
+// eval_loss, ..., stopped_by), from `result`; each loop adds its own after them.
+nlohmann::ordered_json final_record(const TrainConfig& config, const TrainResult& result, int64_t parameters);
+
+// The median of `values` (0 for none): the step time the final line reports.
+double median(std::vector<double> values);
 
 class MetricsWriter {
  public:

@@ -56,13 +56,6 @@ class PlainForward final : public Strategy {
   Model& model_;
 };
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 }  // namespace
 
 bool is_parameter_server(const std::string& strategy) { return strategy.rfind("ps-", 0) == 0; }
@@ -262,34 +255,17 @@ TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
   const double applied_samples = static_cast<double>(summary.updates) / config.servers *
                                  static_cast<double>(config.batch_size) / workers;
   const double samples_per_s = train_seconds > 0 ? applied_samples / train_seconds : 0;
-  auto or_null = [](const std::optional<double>& value) {
-    return value ? nlohmann::ordered_json(*value) : nlohmann::ordered_json(nullptr);
-  };
-  metrics.write({{"final", true},
-                 {"steps", result.steps},
-                 {"loss", result.loss},
-                 {"eval_loss", or_null(result.eval_loss)},
-                 {"eval_accuracy", or_null(result.eval_accuracy)},
-                 {"world_size", world_size},
-                 {"strategy", config.strategy},
-                 {"model", config.model},
-                 {"parameters", model.parameters},
-                 {"step_time_s_median", result.step_time_s_median},
-                 {"peak_memory_bytes", result.peak_memory_bytes},
-                 {"peak_memory_bytes_per_rank", result.peak_memory_bytes_per_rank},
-                 {"peak_rss_bytes", result.peak_rss_bytes},
-                 {"resumed_from_step", 0},
-                 {"skipped_steps", 0},
-                 {"stopped_by", nullptr},
-                 {"workers", workers},
-                 {"servers", config.servers},
-                 {"train_time_s", train_seconds},
-                 {"samples_per_s", samples_per_s},
-                 {"updates", summary.updates},
-                 {"max_staleness", summary.max_staleness},
-                 {"mean_staleness", summary.mean_staleness},
-                 {"dropped_gradients", summary.dropped},
-                 {"local_batch_sizes", balanced}});
+  nlohmann::ordered_json final_line = final_record(config, result, model.parameters);
+  final_line["workers"] = workers;
+  final_line["servers"] = config.servers;
+  final_line["train_time_s"] = train_seconds;
+  final_line["samples_per_s"] = samples_per_s;
+  final_line["updates"] = summary.updates;
+  final_line["max_staleness"] = summary.max_staleness;
+  final_line["mean_staleness"] = summary.mean_staleness;
+  final_line["dropped_gradients"] = summary.dropped;
+  final_line["local_batch_sizes"] = balanced;
+  metrics.write(final_line);
   if (printing) {
     std::ostringstream text;
     text.setf(std::ios::fixed);

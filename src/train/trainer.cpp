@@ -56,16 +56,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  const size_t middle = values.size() / 2;
-  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(middle), values.end());
-  double upper = values[middle];
-  if (values.size() % 2 == 1) return upper;
-  const double lower = *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(middle));
-  return (lower + upper) / 2;
-}
-
 double mean(const std::deque<double>& values) {
   return values.empty() ? 0 : std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
 }
@@ -410,33 +400,15 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
     result.eval_loss = final_eval->loss;
     result.eval_accuracy = final_eval->accuracy;
   }
-  result.step_time_s_median = median(step_times);
+  result.step_time_s_median = train::median(step_times);
   result.peak_memory_bytes_per_rank = peaks;
   result.peak_memory_bytes = *std::max_element(peaks.begin(), peaks.end());
   result.peak_rss_bytes = static_cast<int64_t>(rss.max().item<double>());
 
-  auto or_null = [](const std::optional<double>& value) {
-    return value ? nlohmann::ordered_json(*value) : nlohmann::ordered_json(nullptr);
-  };
-  metrics.write({{"final", true},
-                 {"steps", result.steps},
-                 {"loss", result.loss},
-                 {"eval_loss", or_null(result.eval_loss)},
-                 {"eval_accuracy", or_null(result.eval_accuracy)},
-                 {"world_size", world_size},
-                 {"strategy", config.strategy},
-                 {"model", config.model},
-                 {"parameters", model.parameters},
-                 {"step_time_s_median", result.step_time_s_median},
-                 {"peak_memory_bytes", result.peak_memory_bytes},
-                 {"peak_memory_bytes_per_rank", result.peak_memory_bytes_per_rank},
-                 {"peak_rss_bytes", result.peak_rss_bytes},
-                 {"resumed_from_step", result.resumed_from_step},
-                 {"skipped_steps", result.skipped_steps},
-                 {"local_batch_sizes", stragglers.local_batch_sizes()},  // --balance; [] = the even split
-                 {"train_time_s", train_seconds},
-                 {"stopped_by", stopped ? nlohmann::ordered_json(train::signal_name(result.stopped_by_signal))
-                                        : nlohmann::ordered_json(nullptr)}});
+  nlohmann::ordered_json final_line = train::final_record(config, result, model.parameters);
+  final_line["local_batch_sizes"] = stragglers.local_batch_sizes();  // --balance; [] = the even split
+  final_line["train_time_s"] = train_seconds;
+  metrics.write(final_line);
 
   if (stopped) {
     if (printing)
