@@ -90,26 +90,18 @@ Resolved resolve(const PlanFlags& f) {
   r.options.fsdp.max_inflight_all_gathers = f.max_inflight_all_gathers;
   r.options.fsdp.max_inflight_reductions = f.max_inflight_reductions;
   r.optimizer = f.optimizer.empty() ? (gpt ? "adamw" : "sgd") : f.optimizer;
-  r.options.optimizer = r.optimizer == "adamw" ? plan::Optimizer::AdamW
-                        : f.momentum > 0       ? plan::Optimizer::SGDMomentum
-                                               : plan::Optimizer::SGD;
+  r.options.optimizer = plan::optimizer_from(r.optimizer, f.momentum);
 
   const auto compute = r.options.fsdp.mixed_precision.param_dtype;
-  if (f.model == "gpt") {
-    models::GPTConfig config;
-    config.n_layer = f.gpt_layers;
-    config.n_embd = f.gpt_dim;
-    config.n_head = f.gpt_heads;
-    config.seq_len = f.seq_len;
-    if (f.gpt_dim % f.gpt_heads != 0)
-      throw std::invalid_argument("--gpt-heads " + std::to_string(f.gpt_heads) + " must divide --gpt-dim " +
-                                  std::to_string(f.gpt_dim));
-    r.model = plan::describe_gpt(config, per_rank, compute);
-  } else if (f.model == "mlp") {
-    r.model = plan::describe_mlp(f.mlp_hidden, per_rank, compute);
-  } else {
-    r.model = plan::describe_cnn(per_rank, compute);
-  }
+  if (f.model == "gpt" && f.gpt_dim % f.gpt_heads != 0)
+    throw std::invalid_argument("--gpt-heads " + std::to_string(f.gpt_heads) + " must divide --gpt-dim " +
+                                std::to_string(f.gpt_dim));
+  models::GPTConfig gpt_config;
+  gpt_config.n_layer = f.gpt_layers;
+  gpt_config.n_embd = f.gpt_dim;
+  gpt_config.n_head = f.gpt_heads;
+  gpt_config.seq_len = f.seq_len;
+  r.model = plan::describe_model(f.model, gpt_config, f.mlp_hidden, per_rank, compute);
   return r;
 }
 

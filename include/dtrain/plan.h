@@ -86,6 +86,10 @@ ModelSpec describe_gpt(const models::GPTConfig& config, int64_t batch_per_rank, 
 ModelSpec describe_mlp(const std::vector<int64_t>& hidden_sizes, int64_t batch_per_rank,
                        torch::ScalarType compute_dtype);
 ModelSpec describe_cnn(int64_t batch_per_rank, torch::ScalarType compute_dtype);
+// By name, as `dtrain train --model` and `dtrain plan --model` say it: "gpt"
+// (with `gpt`), "mlp" (with `mlp_hidden`), else "cnn".
+ModelSpec describe_model(const std::string& name, const models::GPTConfig& gpt, const std::vector<int64_t>& mlp_hidden,
+                         int64_t batch_per_rank, torch::ScalarType compute_dtype);
 
 // ------------------------------------------------------------ the run
 
@@ -99,6 +103,8 @@ enum class Optimizer {
   SGDMomentum,  // one (momentum buffer)
   SGD,          // none
 };
+// `--optimizer adamw|sgd` with `--momentum`.
+Optimizer optimizer_from(const std::string& name, double momentum);
 
 struct PlanOptions {
   Engine engine = Engine::FSDP;

@@ -189,4 +189,16 @@ ModelSpec describe_cnn(int64_t batch_per_rank, torch::ScalarType compute_dtype) 
   return model;
 }
 
+ModelSpec describe_model(const std::string& name, const models::GPTConfig& gpt, const std::vector<int64_t>& mlp_hidden,
+                         int64_t batch_per_rank, torch::ScalarType compute_dtype) {
+  if (name == "gpt") return describe_gpt(gpt, batch_per_rank, compute_dtype);
+  if (name == "mlp") return describe_mlp(mlp_hidden, batch_per_rank, compute_dtype);
+  return describe_cnn(batch_per_rank, compute_dtype);
+}
+
+Optimizer optimizer_from(const std::string& name, double momentum) {
+  if (name == "adamw") return Optimizer::AdamW;
+  return momentum > 0 ? Optimizer::SGDMomentum : Optimizer::SGD;
+}
+
 }  // namespace dtrain::plan

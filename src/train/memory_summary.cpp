@@ -1,6 +1,7 @@
 #include "train/memory_summary.h"
 
 #include "dtrain/plan.h"
+#include "train/model.h"
 #include "train/progress.h"
 #include "train/strategy.h"
 
@@ -9,19 +10,6 @@
 
 namespace dtrain::train {
 namespace {
-
-plan::ModelSpec describe(const TrainConfig& config, int64_t batch_per_rank, torch::ScalarType compute) {
-  if (config.model == "gpt") {
-    models::GPTConfig gpt;
-    gpt.n_layer = config.gpt_layers;
-    gpt.n_embd = config.gpt_dim;
-    gpt.n_head = config.gpt_heads;
-    gpt.seq_len = config.seq_len;
-    return plan::describe_gpt(gpt, batch_per_rank, compute);
-  }
-  if (config.model == "mlp") return plan::describe_mlp(config.mlp_hidden, batch_per_rank, compute);
-  return plan::describe_cnn(batch_per_rank, compute);
-}
 
 // Rank 0's plan (it holds the most) for `strategy` on `world_size` ranks.
 int64_t planned_peak(const TrainConfig& config, const std::string& strategy, int world_size) {
@@ -33,12 +21,11 @@ int64_t planned_peak(const TrainConfig& config, const std::string& strategy, int
   }
   options.world_size = world_size;
   options.rank = 0;
-  options.optimizer = config.optimizer == "adamw" ? plan::Optimizer::AdamW
-                      : config.momentum > 0       ? plan::Optimizer::SGDMomentum
-                                                  : plan::Optimizer::SGD;
+  options.optimizer = plan::optimizer_from(config.optimizer, config.momentum);
   const int64_t batch_per_rank = (config.batch_size + world_size - 1) / world_size;
   const auto compute = strategy == "ddp" ? torch::kFloat32 : options.fsdp.mixed_precision.param_dtype;
-  return plan::make_plan(describe(config, batch_per_rank, compute), options).peak.total();
+  const auto model = plan::describe_model(config.model, gpt_config(config), config.mlp_hidden, batch_per_rank, compute);
+  return plan::make_plan(model, options).peak.total();
 }
 
 }  // namespace

@@ -17,13 +17,7 @@ Model build_model(const TrainConfig& config) {
     model.module = cnn.ptr();
     model.forward = [cnn](const torch::Tensor& x) mutable { return cnn->forward(x); };
   } else if (config.model == "gpt") {
-    models::GPTConfig gpt_config;
-    gpt_config.seq_len = config.seq_len;
-    gpt_config.n_layer = config.gpt_layers;
-    gpt_config.n_embd = config.gpt_dim;
-    gpt_config.n_head = config.gpt_heads;
-    gpt_config.dropout = config.dropout;
-    model.gpt = models::GPT(gpt_config);
+    model.gpt = models::GPT(gpt_config(config));
     model.module = model.gpt.ptr();
     model.forward = [gpt = model.gpt](const torch::Tensor& x) mutable { return gpt->forward(x); };
     model.classification = false;
@@ -32,6 +26,16 @@ Model build_model(const TrainConfig& config) {
   }
   model.parameters = models::parameter_count(*model.module);
   return model;
+}
+
+models::GPTConfig gpt_config(const TrainConfig& config) {
+  models::GPTConfig gpt;
+  gpt.seq_len = config.seq_len;
+  gpt.n_layer = config.gpt_layers;
+  gpt.n_embd = config.gpt_dim;
+  gpt.n_head = config.gpt_heads;
+  gpt.dropout = config.dropout;
+  return gpt;
 }
 
 torch::Tensor per_sample_loss(const torch::Tensor& logits, const torch::Tensor& targets) {

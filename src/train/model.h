@@ -27,6 +27,9 @@ struct Model {
 // (torch::manual_seed) so that every rank builds the same weights.
 Model build_model(const TrainConfig& config);
 
+// The GPT that --gpt-layers, --gpt-dim, --gpt-heads, --seq-len, --dropout describe.
+models::GPTConfig gpt_config(const TrainConfig& config);
+
 // Cross-entropy per sample, float [B]: of the logits against the class
 // (classification), or the mean over a window's positions of each next
 // byte's cross-entropy (gpt: logits [B,T,V], targets [B,T]).
