@@ -109,8 +109,8 @@ nlohmann::ordered_json eval_record(int64_t step, const train::Evaluation& e) {
   return record;
 }
 
-// What a checkpoint records about the run besides the tensors (dtrain
-// checkpoint inspect shows it; a resume notes when it changed).
+// What a checkpoint records about the run besides the tensors, for people
+// (dtrain checkpoint inspect shows it); resuming does not compare it.
 std::map<std::string, std::string> run_description(const TrainConfig& c, int64_t total) {
   return {{"model", c.model},
           {"data", c.data},
