@@ -130,6 +130,12 @@ def complete_checkpoint(folder, step):
     return os.path.isfile(os.path.join(folder, "step-%08d" % step, "manifest.json"))
 
 
+def newest_complete_checkpoint(folder):
+    """The newest step with a complete checkpoint in `folder` (its manifest is written last), or 0."""
+    names = [os.path.basename(os.path.dirname(m)) for m in glob.glob(os.path.join(folder, "step-*", "manifest.json"))]
+    return max((int(name[5:]) for name in names if name[5:].isdigit()), default=0)
+
+
 def compare_after(reference, resumed, first_step):
     """Every step after first_step, and the final evaluation, equal bitwise."""
     ref, res = step_losses(reference), step_losses(resumed)
@@ -166,11 +172,14 @@ def check_kill_resume(dtrain, args, folder):
     reference = reference_run(dtrain, args, folder)
     checkpoints = os.path.join(folder, "checkpoints")
     metrics = os.path.join(folder, "killed.jsonl")
+    # Rank 1 is slowed 100x (it sleeps 99 times its compute time each step; rank 0 waits for it in the
+    # all-reduce), so the kill lands mid-run: unslowed, the small MLP's 400 steps take under a second and
+    # the run could finish, or prune step 20's checkpoint, between two polls. Slowing leaves the numbers alone.
     command = [dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--checkpoint-every", "10",
-                                          "--metrics", metrics]
+                                          "--slow-rank", "1:100", "--metrics", metrics]
     say("running: " + " ".join(shlex.quote(a) for a in command))
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    wait_for(lambda: complete_checkpoint(checkpoints, 20), 120, "the step-20 checkpoint", job)
+    wait_for(lambda: newest_complete_checkpoint(checkpoints) >= 20, 120, "a checkpoint of step 20 or later", job)
     victims = [pid for pid in descendants(job.pid) if rank_of(pid) == 1]
     if not victims:
         job.kill()
@@ -204,7 +213,8 @@ def check_signal(dtrain, args, folder):
     reference = reference_run(dtrain, args, folder)
     checkpoints = os.path.join(folder, "checkpoints")
     metrics = os.path.join(folder, "stopped.jsonl")
-    command = [dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--metrics", metrics]
+    # Slowed as in check_kill_resume, so the signal arrives before the run's last step.
+    command = [dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--slow-rank", "1:100", "--metrics", metrics]
     say("running: " + " ".join(shlex.quote(a) for a in command))
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
