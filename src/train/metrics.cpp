@@ -55,4 +55,16 @@ void MetricsWriter::write(const nlohmann::ordered_json& record) {
   if (!file_) throw std::runtime_error("cannot write to the metrics file '" + path_ + "'");
 }
 
+void StepLog::record(int64_t done, int64_t total, double loss, double lr, double step_seconds,
+                     double units_per_step) {
+  window_seconds_ += step_seconds;
+  ++window_steps_;
+  if (done % log_every_ != 0 && done != total) return;
+  const double step_time = window_seconds_ / static_cast<double>(window_steps_);
+  metrics_.write({{"step", done}, {"loss", loss}, {"lr", lr}, {"step_time_s", step_time},
+                  {rate_key_, units_per_step / step_time}});
+  window_seconds_ = 0;
+  window_steps_ = 0;
+}
+
 }  // namespace dtrain::train

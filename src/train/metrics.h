@@ -6,6 +6,7 @@
 
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dtrain {
@@ -39,6 +40,26 @@ class MetricsWriter {
  private:
   std::string path_;
   std::ofstream file_;
+};
+
+// The per-step metrics lines of a training loop: every `log_every` steps and
+// at the last one, {step, loss, lr, step_time_s, <unit>_per_s}, where the time
+// and rate are averages over the steps since the previous line, so a line
+// stands for its whole window and not only its last step.
+class StepLog {
+ public:
+  StepLog(MetricsWriter& metrics, int64_t log_every, std::string rate_key)
+      : metrics_(metrics), log_every_(log_every), rate_key_(std::move(rate_key)) {}
+
+  // Step `done` of `total` took `step_seconds` on `units_per_step` samples or tokens.
+  void record(int64_t done, int64_t total, double loss, double lr, double step_seconds, double units_per_step);
+
+ private:
+  MetricsWriter& metrics_;
+  int64_t log_every_;
+  std::string rate_key_;
+  double window_seconds_ = 0;
+  int64_t window_steps_ = 0;
 };
 
 }  // namespace dtrain::train

@@ -141,12 +141,10 @@ TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
     Stragglers stragglers(config, rank, group.worker_index(), workers);
     ProgressLine progress(std::cout, printing && config.live_progress.value_or(ProgressLine::stdout_is_terminal()),
                           config.log_every);
-    const std::string rate_key = data->unit + "_per_s";
+    StepLog step_log(metrics, config.log_every, data->unit + "_per_s");
     PlainForward plain(model);
     model.module->train();
     const auto run_start = Clock::now();
-    double window_seconds = 0;
-    int64_t window_steps = 0;
     while (worker.next_step() < total) {
       const auto start = Clock::now();
       const int64_t step = worker.next_step();
@@ -183,8 +181,6 @@ TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
       const double step_seconds = seconds_since(start);
       step_times.push_back(step_seconds);
       result.losses.push_back(loss);
-      window_seconds += step_seconds;
-      ++window_steps;
       const double units_per_step = static_cast<double>(batch * data->units_per_sample);
       if (printing)
         progress.update({.step = done,
@@ -194,16 +190,7 @@ TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
                          .rate_unit = data->unit + "/s",
                          .eta_s = step_seconds * static_cast<double>(total - done),
                          .peak_bytes_per_rank = {training_bytes()}});
-      if (done % config.log_every == 0 || done == total) {
-        const double step_time = window_seconds / static_cast<double>(window_steps);
-        metrics.write({{"step", done},
-                       {"loss", loss},
-                       {"lr", lr},
-                       {"step_time_s", step_time},
-                       {rate_key, units_per_step / step_time}});
-        window_seconds = 0;
-        window_steps = 0;
-      }
+      step_log.record(done, total, loss, lr, step_seconds, units_per_step);
       if (lockstep && config.eval_every > 0 && done % config.eval_every == 0 && done != total) {
         const Evaluation e = evaluate(plain, model, *data->validation, data->validation->size(),
                                       std::max<int64_t>(batch, 256), *group.workers_comm());

@@ -179,7 +179,6 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
   const train::LRSchedule schedule{.peak_lr = config.lr, .warmup_steps = config.warmup, .total_steps = total};
   const int64_t batch = config.batch_size;
   const double units_per_step = static_cast<double>(batch * data.units_per_sample);
-  const std::string rate_key = data.unit + "_per_s";
 
   const int64_t eval_count =
       model.classification ? data.validation->size() : std::min(data.validation->size(), config.eval_windows);
@@ -234,8 +233,7 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
   result.world_size = world_size;
   std::vector<double> step_times;
   std::deque<double> recent;  // the last step times, for rate and ETA
-  double window_seconds = 0;  // since the last metrics line
-  int64_t window_steps = 0;
+  train::StepLog step_log(metrics, config.log_every, data.unit + "_per_s");
   std::vector<int64_t> peaks(static_cast<size_t>(world_size), 0);
   const bool live = config.live_progress.value_or(train::ProgressLine::stdout_is_terminal());
   train::ProgressLine progress(std::cout, printing && live, config.log_every);
@@ -328,8 +326,6 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
     result.losses.push_back(loss);
     recent.push_back(step_seconds);
     if (recent.size() > 20) recent.pop_front();
-    window_seconds += step_seconds;
-    ++window_steps;
 
     if (printing) {
       const double recent_step = mean(recent);
@@ -341,16 +337,7 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
                        .eta_s = recent_step * static_cast<double>(total - done),
                        .peak_bytes_per_rank = peaks});
     }
-    if (done % config.log_every == 0 || done == total) {
-      const double step_time = window_seconds / static_cast<double>(window_steps);
-      metrics.write({{"step", done},
-                     {"loss", loss},
-                     {"lr", lr},
-                     {"step_time_s", step_time},
-                     {rate_key, units_per_step / step_time}});
-      window_seconds = 0;
-      window_steps = 0;
-    }
+    step_log.record(done, total, loss, lr, step_seconds, units_per_step);
     const bool checkpoint_due = !config.checkpoint_dir.empty() &&
                                 ((config.checkpoint_every > 0 && done % config.checkpoint_every == 0) || done == total);
     if (checkpoint_due || (stop_requested && !config.checkpoint_dir.empty())) save_checkpoint_at(done);
