@@ -115,8 +115,8 @@ void load_state_into(torch::nn::Module& module, const SafetensorsFile& file);
 // writes the manifest and renames the directory to DIR (an existing DIR is
 // moved aside first and removed only once the new one is in place). A
 // directory without a complete, parseable manifest is never loaded, and
-// loading first checks every file's checksum: a mismatch is an error naming
-// the file, and nothing is changed.
+// loading first checks every file's checksum: a mismatch is a
+// CheckpointDamagedError naming the file, and nothing is changed.
 
 
 #include <dtrain/checkpoint_manifest.h>

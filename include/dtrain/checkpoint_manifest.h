@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,17 @@ CheckpointManifest read_checkpoint_manifest(const std::string& dir);
 
 // One line per file whose size or xxHash64 differs from the manifest
 // ("rank-00001-of-00002.safetensors: checksum ..."); empty when all match.
-std::vector<std::string> verify_checkpoint_files(const std::string& dir, const CheckpointManifest& manifest);
+// With `checksums` false only the sizes are compared: a stat per file, no
+// reading, for a quick look before a load that verifies the checksums anyway.
+std::vector<std::string> verify_checkpoint_files(const std::string& dir, const CheckpointManifest& manifest,
+                                                 bool checksums = true);
+
+// Thrown by the loaders (dtrain/checkpoint.h) when a file's size or checksum
+// differs from the manifest. They check every file before reading any
+// tensor, so nothing was loaded: a caller may try an older checkpoint.
+class CheckpointDamagedError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 }  // namespace dtrain

@@ -105,7 +105,7 @@ void verify_files(const std::string& dir, const CheckpointManifest& manifest, co
     message += mine.count(f) ? mine[f] : manifest.files[f].name + ": size or xxh64 checksum differs from the manifest";
   }
   if (!message.empty()) {
-    throw std::runtime_error("load_checkpoint: " + dir + " is damaged, nothing was loaded: " + message);
+    throw CheckpointDamagedError("load_checkpoint: " + dir + " is damaged, nothing was loaded: " + message);
   }
 }
 

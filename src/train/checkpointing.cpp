@@ -50,20 +50,24 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
   return (fs::path(dir) / name).string();
 }
 
-std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& dir, std::vector<std::string>* rejected) {
+std::vector<FoundCheckpoint> resumable_checkpoints(const std::string& dir, std::vector<std::string>* rejected) {
+  std::vector<FoundCheckpoint> candidates;
   const auto found = checkpoints_in(dir);
   for (auto it = found.rbegin(); it != found.rend(); ++it) {
     const std::string name = it->second.filename().string();
     try {
       const CheckpointManifest manifest = read_checkpoint_manifest(it->second.string());
-      const auto mismatches = verify_checkpoint_files(it->second.string(), manifest);
-      if (mismatches.empty()) return FoundCheckpoint{it->first, it->second.string()};
-      if (rejected) rejected->push_back(name + ": " + mismatches.front());
+      const auto mismatches = verify_checkpoint_files(it->second.string(), manifest, /*checksums=*/false);
+      if (mismatches.empty()) {
+        candidates.push_back(FoundCheckpoint{it->first, it->second.string()});
+      } else if (rejected) {
+        rejected->push_back(name + ": " + mismatches.front());
+      }
     } catch (const std::exception& error) {
       if (rejected) rejected->push_back(name + ": " + error.what());
     }
   }
-  return std::nullopt;
+  return candidates;
 }
 
 void prune_checkpoints(const std::string& dir, int64_t keep_last) {
@@ -112,19 +116,44 @@ void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep
 std::optional<CheckpointManifest> resume_from_latest(const std::string& dir, Strategy& strategy,
                                                      torch::optim::Optimizer& optimizer, const CommPtr& world,
                                                      std::vector<std::string>* rejected) {
-  auto chosen = torch::full({1}, -1, torch::kInt64);
-  if (world->rank() == 0) {
-    if (auto found = find_latest_checkpoint(dir, rejected)) chosen[0] = found->step;
+  // Rank 0 lists the candidates, newest first, and tells the others.
+  std::vector<FoundCheckpoint> candidates;
+  std::vector<std::string> passed_over;
+  if (world->rank() == 0) candidates = resumable_checkpoints(dir, &passed_over);
+  auto counts = torch::tensor({static_cast<int64_t>(candidates.size()), static_cast<int64_t>(passed_over.size())});
+  world->broadcast(counts, 0)->wait();
+  auto steps = torch::zeros({counts[0].item<int64_t>()}, torch::kInt64);
+  for (size_t i = 0; i < candidates.size(); ++i) steps[static_cast<int64_t>(i)] = candidates[i].step;
+  if (steps.numel() > 0) world->broadcast(steps, 0)->wait();
+
+  std::optional<CheckpointManifest> loaded;
+  for (int64_t i = 0; i < steps.numel() && !loaded; ++i) {
+    const std::string path = checkpoint_path(dir, steps[i].item<int64_t>());
+    try {
+      loaded = strategy.load(path, optimizer);
+    } catch (const CheckpointDamagedError& damaged) {
+      // Every rank gets the same error (the ranks agree on the verification)
+      // before anything was loaded: try the next older one.
+      if (world->rank() == 0) passed_over.push_back(fs::path(path).filename().string() + ": " + damaged.what());
+    }
   }
-  world->broadcast(chosen, 0)->wait();
-  const int64_t step = chosen[0].item<int64_t>();
-  if (step < 0) return std::nullopt;
-  CheckpointManifest manifest = strategy.load(checkpoint_path(dir, step), optimizer);
+  if (!loaded && (steps.numel() > 0 || counts[1].item<int64_t>() > 0)) {
+    // Starting afresh would quietly drop the run's progress (and pruning would
+    // later delete the evidence): the user decides.
+    std::string why;
+    for (const auto& reason : passed_over) why += "\n  " + reason;
+    throw std::runtime_error("--resume: no checkpoint in " + dir + " can be loaded; every one is incomplete or damaged" +
+                             (why.empty() ? std::string(" (rank 0 lists why)") : ":" + why) +
+                             "\nMove them away (or pick another --checkpoint-dir) to start at step 0.");
+  }
+  if (rejected) *rejected = passed_over;
+  if (!loaded) return std::nullopt;
+  const CheckpointManifest& manifest = *loaded;
   if (manifest.world_size == world->size()) {
     if (auto state = manifest.extra.find(rng_key(world->rank())); state != manifest.extra.end())
       set_cpu_rng_state(state->second);
   }
-  return manifest;
+  return loaded;
 }
 
 std::string cpu_rng_state() {

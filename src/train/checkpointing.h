@@ -33,11 +33,12 @@ struct FoundCheckpoint {
   std::string path;
 };
 
-// The newest checkpoint in `dir` whose manifest is complete and whose files
-// match their checksums; newer ones that fail are described in `rejected`
-// ("step-00000300: checksum mismatch in rank-00001-of-00002.safetensors").
-// Single process (rank 0 decides and tells the others).
-std::optional<FoundCheckpoint> find_latest_checkpoint(const std::string& dir, std::vector<std::string>* rejected);
+// The checkpoints in `dir` worth trying to resume from, newest first: their
+// manifest is complete and their files have the sizes it records. Those that
+// fail are described in `rejected` ("step-00000300: rank-00001-of-00002.safetensors:
+// 1000 bytes, the manifest says 2000"). Checksums are left to the load, which
+// verifies them across the ranks in parallel. Single process (rank 0 looks).
+std::vector<FoundCheckpoint> resumable_checkpoints(const std::string& dir, std::vector<std::string>* rejected);
 
 // Removes all but the newest `keep_last` complete checkpoints in `dir`
 // (keep_last 0: keep all) and any unfinished save older than the newest one.
@@ -52,11 +53,13 @@ void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep
                               torch::optim::Optimizer& optimizer, const CommPtr& world,
                               std::map<std::string, std::string> extra);
 
-// Collective. Loads the newest valid checkpoint in `dir` (rank 0 looks, every
-// rank loads the same one) into `strategy` and `optimizer`, and restores this
-// rank's random state when the checkpoint has the same world size. Returns
-// its manifest, or nullopt when `dir` holds none. `rejected` (rank 0) gets
-// the newer directories that were passed over and why.
+// Collective. Loads the newest valid checkpoint in `dir` (rank 0 lists the
+// candidates, every rank tries the same ones in turn; one whose checksums do
+// not match is passed over) into `strategy` and `optimizer`, and restores
+// this rank's random state when the checkpoint has the same world size.
+// Returns its manifest, or nullopt when `dir` holds none; throws
+// std::runtime_error on every rank when it holds some but none loads.
+// `rejected` (rank 0) gets the newer directories passed over and why.
 std::optional<CheckpointManifest> resume_from_latest(const std::string& dir, Strategy& strategy,
                                                      torch::optim::Optimizer& optimizer, const CommPtr& world,
                                                      std::vector<std::string>* rejected);

@@ -24,6 +24,13 @@ temporary folder, and compares per-step losses through the metrics files
         --on-nonfinite skip finishes with one skipped step, the weights
         unchanged by it (step 5's next batch loss is finite).
 
+    check_checkpointing.py damaged DTRAIN -- TRAIN_ARGS...
+        A run with checkpoints at steps 10, 20 and 30; one byte of a shard of
+        step 30 flipped: --resume passes over step 30 naming the file and
+        the checksum, and continues from step 20 with the first run's losses,
+        bitwise. With every checkpoint damaged, --resume stops with an error
+        saying so instead of quietly starting at step 0.
+
     check_checkpointing.py disk-full DTRAIN -- TRAIN_ARGS...
         --checkpoint-dir on a small tmpfs that holds one checkpoint but not
         two: the second save fails with a message naming the step and the
@@ -36,28 +43,15 @@ import glob
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 
-TIMEOUT_S = 240
-
-
-def fail(message):
-    print("check_checkpointing: FAIL: " + message, flush=True)
-    sys.exit(1)
-
-
-def say(message):
-    print("check_checkpointing: " + message, flush=True)
-
-
-def read_metrics(path):
-    with open(path) as metrics:
-        return [json.loads(line) for line in metrics if line.strip()]
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_dtrain import fail, read_metrics, run, say  # noqa: E402
 
 def step_losses(records):
     return {r["step"]: r["loss"] for r in records if "loss" in r and "final" not in r}
@@ -66,20 +60,6 @@ def step_losses(records):
 def final_record(records):
     finals = [r for r in records if r.get("final")]
     return finals[-1] if finals else None
-
-
-def run(command, expect_code=0):
-    say("running: " + " ".join(shlex.quote(a) for a in command))
-    try:
-        result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        fail("still running after %d s" % TIMEOUT_S)
-    output = result.stdout.decode("utf-8", errors="replace")
-    print(output.rstrip("\n"), flush=True)
-    if expect_code is not None and result.returncode != expect_code:
-        fail("exit code %d, expected %d" % (result.returncode, expect_code))
-    return result.returncode, output
 
 
 def descendants(pid):
@@ -219,10 +199,13 @@ def check_signal(dtrain, args, folder):
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def logged_step_10():
+        # The file is read while the run writes it: it may not exist yet, be empty, or end mid-line.
         try:
-            return max(step_losses(read_metrics(metrics)), default=0) >= 10
+            with open(metrics) as f:
+                records = [json.loads(line) for line in f if line.endswith("\n")]
         except (OSError, ValueError):
             return False
+        return max(step_losses(records), default=0) >= 10
 
     wait_for(logged_step_10, 120, "step 10 in the metrics file", job)
     job.send_signal(signal.SIGTERM)
@@ -273,6 +256,52 @@ def check_nonfinite(dtrain, args, folder):
     say("--on-nonfinite skip: step 5 skipped, %d later steps finite, eval_loss %r" % (len(later), final["eval_loss"]))
 
 
+def flip_a_byte(checkpoint):
+    """Flips one byte in the middle of the checkpoint's largest shard file; returns the file's name."""
+    shards = glob.glob(os.path.join(checkpoint, "*.safetensors"))
+    if not shards:
+        fail("%s has no .safetensors shard" % checkpoint)
+    shard = max(shards, key=os.path.getsize)
+    with open(shard, "r+b") as f:
+        f.seek(os.path.getsize(shard) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return os.path.basename(shard)
+
+
+def check_damaged(dtrain, args, folder):
+    checkpoints = os.path.join(folder, "checkpoints")
+    first = os.path.join(folder, "first.jsonl")
+    run([dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--checkpoint-every", "10", "--keep-last", "3",
+                                    "--metrics", first])
+    saved = sorted(os.path.basename(p) for p in glob.glob(os.path.join(checkpoints, "step-*")))
+    if saved != ["step-00000010", "step-00000020", "step-00000030"]:
+        fail("expected the checkpoints of steps 10, 20 and 30, found %s" % saved)
+
+    # Every checkpoint damaged (in a copy): an error, not a fresh start.
+    all_damaged = os.path.join(folder, "all-damaged")
+    shutil.copytree(checkpoints, all_damaged)
+    for name in saved:
+        flip_a_byte(os.path.join(all_damaged, name))
+    code, output = run([dtrain, "train"] + args + ["--checkpoint-dir", all_damaged, "--resume"], expect_code=None)
+    if code == 0 or "no checkpoint in %s can be loaded" % all_damaged not in output:
+        fail("with every checkpoint damaged, --resume must stop with 'no checkpoint in DIR can be loaded'")
+    if "starting at step 0" in output:
+        fail("with every checkpoint damaged, --resume must not start at step 0")
+    say("every checkpoint damaged: exit %d, 'no checkpoint ... can be loaded'" % code)
+
+    shard = flip_a_byte(os.path.join(checkpoints, "step-00000030"))
+    _, output = run([dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--resume",
+                                                "--metrics", os.path.join(folder, "resumed.jsonl")])
+    passed_over = [line for line in output.splitlines() if line.startswith("not resuming from step-00000030")]
+    if not passed_over or shard not in passed_over[0] or "checksum" not in passed_over[0]:
+        fail("expected 'not resuming from step-00000030: ... %s ... checksum' in the output" % shard)
+    if "resuming from step 20 " not in output:
+        fail("expected 'resuming from step 20' after passing over step 30")
+    compare_after(read_metrics(first), read_metrics(os.path.join(folder, "resumed.jsonl")), 20)
+
+
 def check_disk_full(dtrain, args, folder):
     if os.geteuid() != 0:
         say("SKIP: mounting a small tmpfs needs root")
@@ -303,14 +332,14 @@ def check_disk_full(dtrain, args, folder):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("check", choices=["kill-resume", "signal", "nonfinite", "disk-full"])
+    parser.add_argument("check", choices=["kill-resume", "signal", "nonfinite", "damaged", "disk-full"])
     parser.add_argument("dtrain")
     parser.add_argument("train_args", nargs=argparse.REMAINDER)
     options = parser.parse_args()
     args = [a for a in options.train_args if a != "--"] + ["--log-every", "1"]
     with tempfile.TemporaryDirectory(prefix="dtrain-ckpt-") as folder:
         {"kill-resume": check_kill_resume, "signal": check_signal, "nonfinite": check_nonfinite,
-         "disk-full": check_disk_full}[options.check](options.dtrain, args, folder)
+         "damaged": check_damaged, "disk-full": check_disk_full}[options.check](options.dtrain, args, folder)
     say("PASS")
 
 

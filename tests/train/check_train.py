@@ -23,46 +23,18 @@ import json
 import math
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_dtrain import fail, read_metrics, run  # noqa: E402,F401  (check_init_from imports them from here)
+
 FINAL_FIELDS = ["final", "steps", "loss", "eval_loss", "eval_accuracy", "world_size", "strategy",
                 "step_time_s_median", "peak_memory_bytes", "peak_memory_bytes_per_rank", "peak_rss_bytes"]
-TIMEOUT_S = 240
-
-
-def fail(message):
-    print("check_train: FAIL: " + message)
-    sys.exit(1)
 
 
 def train(dtrain, args, metrics_path):
-    command = [dtrain, "train"] + args + ["--metrics", metrics_path]
-    print("check_train: running: " + " ".join(shlex.quote(a) for a in command), flush=True)
-    try:
-        result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        fail("still running after %d s" % TIMEOUT_S)
-    output = result.stdout.decode("utf-8", errors="replace")
-    print(output.rstrip("\n"))
-    if result.returncode != 0:
-        fail("dtrain train exited with code %d" % result.returncode)
-    return output
-
-
-def read_metrics(path):
-    records = []
-    with open(path) as metrics:
-        for number, line in enumerate(metrics, 1):
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                fail("%s line %d is not JSON: %s" % (path, number, error))
-    if not records:
-        fail(path + " is empty")
-    return records
+    return run([dtrain, "train"] + args + ["--metrics", metrics_path])[1]
 
 
 def check_final(records, args):
