@@ -87,16 +87,18 @@ torch::Tensor gpt_step_loss(dtrain::FullyShardedDataParallel<dtrain::models::GPT
 
 constexpr int kSteps = 3;
 
-// Trains a tiny GPT under full sharding with tracing on; returns the trace path.
-std::string traced_fsdp_run() {
+// Trains a tiny GPT under FSDP (full sharding unless `options` says
+// otherwise) with tracing on; returns the trace path, output_dir()/`file`.
+std::string traced_fsdp_run(dtrain::FSDPOptions options = {.strategy = dtrain::Sharding::Full},
+                            const std::string& file = "fsdp.trace.json") {
   dtrain::memory::install_tracking_allocator();
   torch::manual_seed(0);
   dtrain::models::GPT model(tiny_gpt());
-  auto fsdp = dtrain::fully_shard(model, world_ptr(), {.strategy = dtrain::Sharding::Full});
+  auto fsdp = dtrain::fully_shard(model, world_ptr(), options);
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
   trace::start(world().rank());
   for (int step = 0; step < kSteps; ++step) traced_step(step, optimizer, [&] { return gpt_step_loss(fsdp, step); });
-  const auto path = output_dir() + "/fsdp.trace.json";
+  const auto path = output_dir() + "/" + file;
   trace::write(path, *world_ptr());
   return path;
 }
@@ -226,6 +228,28 @@ TEST(Trace, FSDPRunWritesOneFileWithEveryRanksUnitsAndCollectives) {
     // Units: the root and one per GPT block, each forward and backward once per step.
     EXPECT_EQ(rank.spans_with_label.at("unit_forward"), kSteps * (1 + tiny_gpt().n_layer)) << "rank " << pid;
     EXPECT_EQ(rank.spans_with_label.at("unit_backward"), kSteps * (1 + tiny_gpt().n_layer)) << "rank " << pid;
+  }
+  if (world().size() > 1) expect_summary_adds_up(path, world().size());
+}
+
+// ZeRO-2 keeps units gathered from forward to backward, and activation
+// checkpointing recomputes each unit's forward inside its backward: the
+// recomputation adds no unit_forward span (it is part of the unit's backward),
+// and every span still nests on its thread.
+TEST(Trace, GradOpWithActivationCheckpointingNestsUnitSpans) {
+  dtrain::FSDPOptions options;
+  options.strategy = dtrain::Sharding::GradOp;
+  options.activation_checkpointing = true;
+  const auto path = traced_fsdp_run(options, "fsdp-gradop-checkpointed.trace.json");
+  if (world().rank() != 0) return;
+  const auto trace_json = read_json(path);
+  expect_well_formed(trace_json);
+  const auto ranks = view_by_rank(trace_json, "unit");
+  ASSERT_EQ(static_cast<int>(ranks.size()), world().size());
+  for (const auto& [pid, rank] : ranks) {
+    EXPECT_EQ(rank.spans_with_label.at("unit_forward"), kSteps * (1 + tiny_gpt().n_layer)) << "rank " << pid;
+    EXPECT_EQ(rank.spans_with_label.at("unit_backward"), kSteps * (1 + tiny_gpt().n_layer)) << "rank " << pid;
+    if (world().size() > 1) expect_names(rank, {"all_gather", "reduce_scatter"}, pid);
   }
   if (world().size() > 1) expect_summary_adds_up(path, world().size());
 }
