@@ -28,22 +28,20 @@ demo: build
 	    --batch-size 16 --steps 2000 --lr 3e-3 --warmup 100 --grad-clip 1 --eval-every 500 --log-every 100 \
 	    --metrics $(BUILD)/demo-metrics.jsonl
 
-# Results land in bench/results/ and, by hand with the command, in docs/PERFORMANCE.md;
-# the plots (docs/img/) are redrawn from them at the end.
+# About 15 minutes on 2 cores (bench/run_all.sh): the collectives, DDP, FSDP
+# (memory and speed) and straggler benchmarks, results in bench/results/, then
+# the plots (docs/img/) and the tables of docs/PERFORMANCE.md rewritten from them.
 bench: build
-	@mkdir -p bench/results
-	$(BUILD)/bin/dtrain bench collectives --nproc 2 --backend mpi --json bench/results/collectives-mpi-np2.json
-	$(BUILD)/bin/dtrain bench collectives --nproc 2 --backend c10d --max-bytes 16777216 --json bench/results/collectives-c10d-np2.json
-	BUILD=$(BUILD) bench/ddp.sh
-	BUILD=$(BUILD) bench/fsdp.sh
-	BUILD=$(BUILD) bench/ps.sh
-	python3 bench/plot.py
+	BUILD=$(BUILD) bench/run_all.sh
 
-# Redraws docs/img/*.png (gnuplot) from the JSON already in bench/results/;
-# needs no build. A missing results file skips its plot with a note.
-.PHONY: plots
+# Redraws docs/img/*.png (gnuplot) and rewrites docs/PERFORMANCE.md's generated
+# tables from the JSON already in bench/results/; needs no build. A missing
+# results file skips its plot or table with a note.
+.PHONY: plots report
 plots:
 	python3 bench/plot.py
+report:
+	python3 bench/report.py
 
 asan:
 	@BUILD_DIR=$(ASAN_BUILD) scripts/setup

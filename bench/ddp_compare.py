@@ -4,12 +4,15 @@
 
 Each RESULT.json is one run of either; rows are matched by model and mode.
 Prints one table (step times, ratios to each side's own ideal, dtrain /
-PyTorch) and the issue's targets as measured; it reports, never asserts.
+PyTorch: bench/report.py's "ddp" block) and the issue's targets as
+measured; it reports, never asserts.
 """
 import argparse
 import json
 import os
 import sys
+
+from report import ddp_table
 
 MODES = ("ideal", "naive", "ddp", "ddp-bf16")
 
@@ -34,14 +37,6 @@ def check_same_workload(rows, model):
                  "apps/dtrain/bench_ddp.cpp and bench/peers/ddp_peer.py must build the same workload")
 
 
-def ms(value):
-    return "-" if value is None else f"{value * 1e3:.1f}"
-
-
-def ratio(value):
-    return "-" if value is None else f"{value:.3f}"
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="also write the combined rows and targets as JSON to this path")
@@ -50,9 +45,6 @@ def main():
     rows, runs = load(args.results)
     models = [m for m in ("mlp", "gpt") if any(key[1] == m for key in rows)]
 
-    print("| model | params | batch/rank | mode | dtrain step ms | dtrain / ideal | PyTorch step ms | PyTorch / ideal "
-          "| dtrain / PyTorch | dtrain exposed comm ms | MiB sent/step |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     combined = []
     for model in models:
         check_same_workload(rows, model)
@@ -69,11 +61,6 @@ def main():
                        dtrain_exposed_comm_s=d and d["exposed_comm_s"],
                        bytes_sent_per_step=any_row["bytes_sent_per_step"])
             combined.append(row)
-            print(f"| {model} | {row['parameters'] / 1e6:.2f}M | {row['batch_per_rank']} | {mode} "
-                  f"| {ms(row['dtrain_step_s'])} | {ratio(row['dtrain_ratio_to_ideal'])} "
-                  f"| {ms(row['pytorch_step_s'])} | {ratio(row['pytorch_ratio_to_ideal'])} "
-                  f"| {ratio(row['dtrain_over_pytorch'])} | {ms(row['dtrain_exposed_comm_s'])} "
-                  f"| {row['bytes_sent_per_step'] / 2**20:.1f} |")
 
     def get(model, mode, key):
         return next((r[key] for r in combined if r["model"] == model and r["mode"] == mode), None)
@@ -95,9 +82,8 @@ def main():
         value = get(model, "ddp", "dtrain_over_pytorch")
         if value is not None:
             target(f"{model}: dtrain DDP / PyTorch DDP <= {limit}", value, limit, value <= limit)
-    print()
-    for t in targets:
-        print(f"- {t['target']}: {t['measured']:.3f} -> {'met' if t['met'] else 'NOT met'}")
+    # The table docs/PERFORMANCE.md shows, written by the same code.
+    print("\n".join(ddp_table(dict(rows=combined, targets=targets), "ddp_compare")))
     for model in models:
         exposed = get(model, "ddp", "dtrain_exposed_comm_s")
         step = get(model, "ddp", "dtrain_step_s")

@@ -7,10 +7,11 @@
 #
 #   bench/ps.sh [--steps N] [--batch-size B] [--lr LR]
 #
-# Prints a table: throughput (samples whose gradients were applied, per
-# second of training), final train loss (DDP: the global batch's; ps-async,
-# ps-ssp and backup workers: rank 0's own part), test loss and accuracy.
-# Metrics files go to bench/results/ps-*.jsonl.
+# Prints a table (bench/report.py's "ps" block): throughput (samples whose
+# gradients were applied, per second of training), final train loss (DDP: the
+# global batch's; ps-async, ps-ssp and backup workers: rank 0's own part), test
+# loss and accuracy. Metrics files go to bench/results/ps-*.jsonl, their index
+# to bench/results/ps.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -37,38 +38,23 @@ declare -a flags=(
   "--strategy ps-sync --nproc 5 --servers 1 --backup-workers 1 --slow-rank 1:2"
   "--strategy ps-async --nproc 5 --servers 1 --slow-rank 1:2"
   "--strategy ps-ssp --nproc 5 --servers 1 --staleness 2 --slow-rank 1:2")
-files=()
 for i in "${!names[@]}"; do
   file="$RESULTS/ps-$i.jsonl"
   # shellcheck disable=SC2086  # the flags are words
   echo "bench/ps.sh: dtrain train ${flags[$i]} ${common[*]}" >&2
   "$BUILD/bin/dtrain" train ${flags[$i]} "${common[@]}" --metrics "$file" > "$RESULTS/ps-$i.log" 2>&1 ||
     { echo "bench/ps.sh: run failed, see $RESULTS/ps-$i.log" >&2; tail -5 "$RESULTS/ps-$i.log" >&2; exit 1; }
-  files+=("$file")
 done
 
-python3 - "$STEPS" "$BATCH" "${files[@]}" -- "${names[@]}" <<'PY'
-import json, sys
-args = sys.argv[1:]
-steps, batch = int(args[0]), int(args[1])
-split = args.index("--")
-files, names = args[2:split], args[split + 1:]
-print("%d steps x %d samples = %d samples per run; rank 1 slowed 2x (except the reference)" % (steps, batch, steps * batch))
-print("| run | samples/s | vs ddp | final train loss | test loss | test accuracy | staleness max / mean | dropped | split |")
-print("|---|---:|---:|---:|---:|---:|---|---:|---|")
-rows = []
-for name, path in zip(names, files):
-    final = [json.loads(line) for line in open(path)][-1]
-    if "samples_per_s" in final:  # ps-*: the samples the servers applied
-        rate = final["samples_per_s"]
-    else:
-        rate = steps * batch / final["train_time_s"]
-    rows.append((name, final, rate))
-ddp_rate = rows[1][2]
-for name, final, rate in rows:
-    stale = "%d / %.2f" % (final["max_staleness"], final["mean_staleness"]) if "max_staleness" in final else "-"
-    split = " ".join(str(s) for s in final.get("local_batch_sizes") or []) or "-"
-    print("| %s | %.0f | %.2fx | %.4f | %.4f | %.2f%% | %s | %s | %s |"
-          % (name, rate, rate / ddp_rate, final["loss"], final["eval_loss"], 100 * final["eval_accuracy"], stale,
-             final.get("dropped_gradients", "-"), split))
+# The index bench/report.py reads: each run's name, flags and metrics file.
+python3 - "$RESULTS/ps.json" "$STEPS" "$BATCH" "${#names[@]}" "${names[@]}" "${flags[@]}" <<'PY'
+import json, os, sys
+path, steps, batch, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+names, flags = sys.argv[5:5 + count], sys.argv[5 + count:5 + 2 * count]
+runs = [dict(name=n, flags=f, metrics="ps-%d.jsonl" % i) for i, (n, f) in enumerate(zip(names, flags))]
+with open(path + ".partial", "w") as out:
+    json.dump(dict(steps=steps, batch_size=batch, slowed="rank 1 is slowed 2x (--slow-rank 1:2)", runs=runs), out, indent=2)
+    out.write("\n")
+os.replace(path + ".partial", path)
 PY
+python3 bench/report.py --print ps
