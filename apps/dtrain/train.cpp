@@ -128,7 +128,7 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
           throw CLI::ValidationError(error.what());
         }
       },
-      "R:FACTOR: rank R sleeps (FACTOR-1) x its forward+backward time each step (a deliberate straggler)");
+      "R:FACTOR: before each forward, rank R sleeps (FACTOR-1) x its last forward+backward time (a deliberate straggler)");
   parallel->add_flag("--balance", c.balance,
                      "ddp, ps-sync: after 5 steps, re-split the global batch by each rank's measured samples/s");
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <thread>
 
+#include <time.h>
+
 namespace dtrain::train {
 
 Stragglers::Stragglers(const TrainConfig& config, int rank, int part, int parts)
@@ -19,15 +21,29 @@ Stragglers::Stragglers(const TrainConfig& config, int rank, int part, int parts)
       parts_(parts),
       global_batch_(config.batch_size) {}
 
-void Stragglers::begin() { started_ = Clock::now(); }
+namespace {
+
+double thread_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
+}  // namespace
+
+void Stragglers::begin() {
+  started_ = Clock::now();
+  if (!slow_) return;
+  const double delay = (slow_factor_ - 1) * last_compute_s_;
+  if (delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+  cpu_started_s_ = thread_cpu_seconds();
+}
 
 void Stragglers::end(int64_t local_samples, double waited_s) {
-  double seconds = std::max(0.0, std::chrono::duration<double>(Clock::now() - started_).count() - waited_s);
-  if (slow_) {
-    const double extra = (slow_factor_ - 1) * seconds;
-    std::this_thread::sleep_for(std::chrono::duration<double>(extra));
-    seconds += extra;
-  }
+  if (slow_) last_compute_s_ = thread_cpu_seconds() - cpu_started_s_;
+  // What --balance measures: this rank's wall time in the step, the delay
+  // included, less its waits for other ranks.
+  const double seconds = std::max(0.0, std::chrono::duration<double>(Clock::now() - started_).count() - waited_s);
   ++steps_seen_;
   if (steps_seen_ >= 2 && steps_seen_ <= kBalanceAfterSteps) {
     measured_seconds_ += seconds;
