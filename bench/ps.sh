@@ -3,7 +3,9 @@
 # --slow-rank 1:2, on the Fashion-MNIST MLP. Compares synchronous DDP, DDP
 # with --balance, ps-sync with one backup worker, ps-async and ps-ssp (s = 2)
 # (the ps-* runs: 4 workers + 1 server), and DDP without a straggler as the
-# reference, all on the same number of samples (steps x global batch).
+# reference, all on the same number of samples (steps x global batch). Then
+# the three DDP runs again on 2 ranks: with 4 ranks on a 2-core machine a
+# sleeping straggler hands its core to the others, with 2 it does not.
 #
 #   bench/ps.sh [--steps N] [--batch-size B] [--lr LR]
 #
@@ -30,14 +32,21 @@ done
 export DTRAIN_THREADS_PER_RANK=1 OMP_NUM_THREADS=1
 mkdir -p "$RESULTS"
 common=(--model mlp --steps "$STEPS" --batch-size "$BATCH" --optimizer sgd --lr "$LR" --log-every 50)
-declare -a names=("ddp, no straggler" "ddp" "ddp --balance" "ps-sync, 1 backup worker" "ps-async" "ps-ssp s=2")
+declare -a names=("ddp, no straggler" "ddp" "ddp --balance" "ps-sync, 1 backup worker" "ps-async" "ps-ssp s=2"
+                   "ddp, 2 ranks, no straggler" "ddp, 2 ranks" "ddp --balance, 2 ranks")
 declare -a flags=(
   "--strategy ddp --nproc 4"
   "--strategy ddp --nproc 4 --slow-rank 1:2"
   "--strategy ddp --nproc 4 --slow-rank 1:2 --balance"
   "--strategy ps-sync --nproc 5 --servers 1 --backup-workers 1 --slow-rank 1:2"
   "--strategy ps-async --nproc 5 --servers 1 --slow-rank 1:2"
-  "--strategy ps-ssp --nproc 5 --servers 1 --staleness 2 --slow-rank 1:2")
+  "--strategy ps-ssp --nproc 5 --servers 1 --staleness 2 --slow-rank 1:2"
+  "--strategy ddp --nproc 2"
+  "--strategy ddp --nproc 2 --slow-rank 1:2"
+  "--strategy ddp --nproc 2 --slow-rank 1:2 --balance")
+# The run each one's throughput is compared with ("vs" in the table): DDP with
+# the straggler on as many ranks.
+declare -a versus=("ddp" "ddp" "ddp" "ddp" "ddp" "ddp" "ddp, 2 ranks" "ddp, 2 ranks" "ddp, 2 ranks")
 for i in "${!names[@]}"; do
   file="$RESULTS/ps-$i.jsonl"
   # shellcheck disable=SC2086  # the flags are words
@@ -47,11 +56,13 @@ for i in "${!names[@]}"; do
 done
 
 # The index bench/report.py reads: each run's name, flags and metrics file.
-python3 - "$RESULTS/ps.json" "$STEPS" "$BATCH" "${#names[@]}" "${names[@]}" "${flags[@]}" <<'PY'
+python3 - "$RESULTS/ps.json" "$STEPS" "$BATCH" "${#names[@]}" "${names[@]}" "${flags[@]}" "${versus[@]}" <<'PY'
 import json, os, sys
 path, steps, batch, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 names, flags = sys.argv[5:5 + count], sys.argv[5 + count:5 + 2 * count]
-runs = [dict(name=n, flags=f, metrics="ps-%d.jsonl" % i) for i, (n, f) in enumerate(zip(names, flags))]
+versus = sys.argv[5 + 2 * count:5 + 3 * count]
+runs = [dict(name=n, flags=f, versus=v, metrics="ps-%d.jsonl" % i)
+        for i, (n, f, v) in enumerate(zip(names, flags, versus))]
 with open(path + ".partial", "w") as out:
     json.dump(dict(steps=steps, batch_size=batch, slowed="rank 1 is slowed 2x (--slow-rank 1:2)", runs=runs), out, indent=2)
     out.write("\n")

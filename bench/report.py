@@ -220,7 +220,8 @@ def block_fsdp_plan(results):
 def block_fsdp_speed(results):
     data, path = results.load("fsdp-dtrain.json")
     speed = field(data, "speed", path, (dict,))
-    lines = ["| mode | step | / ddp | planned MiB sent per step |", "|---|---:|---:|---:|"]
+    lines = results.measured_line("fsdp")
+    lines += ["| mode | step | / ddp | planned MiB sent per step |", "|---|---:|---:|---:|"]
     for i, row in enumerate(field(speed, "rows", path + ": speed", (list,))):
         where = "%s: speed.rows[%d]" % (path, i)
         lines.append("| %s | %s | %.3f | %s |" % (field(row, "mode", where, (str,)),
@@ -265,13 +266,15 @@ def ps_table(index, path, folder):
             raise InputError("%s has no final line; the run did not finish: rerun bench/ps.sh" % metrics)
         # ps-*: the samples the servers applied per second; DDP: every sample of every step.
         rate = final["samples_per_s"] if "samples_per_s" in final else steps * batch / final["train_time_s"]
-        rows.append((field(run, "name", where, (str,)), final, rate))
-    reference = next((rate for name, _, rate in rows if name == "ddp"), rows[0][2])
-    lines = ["%d steps x %d samples = %d samples per run; in every run but the first, %s."
+        rows.append((field(run, "name", where, (str,)), final, rate, run.get("versus", "ddp")))
+    rates = {name: rate for name, _, rate, _ in rows}
+    lines = ["%d steps x %d samples = %d samples per run; in every run without \"no straggler\" in its name, %s. "
+             "\"vs ddp\": samples/s against DDP with the straggler on as many ranks."
              % (steps, batch, steps * batch, index.get("slowed", "one rank is slowed")), "",
              "| run | samples/s | vs ddp | final train loss | test loss | test accuracy | staleness max / mean "
              "| dropped | split |", "|---|---:|---:|---:|---:|---:|---|---:|---|"]
-    for name, final, rate in rows:
+    for name, final, rate, versus in rows:
+        reference = rates.get(versus, rows[0][2])
         stale = "%d / %.2f" % (final["max_staleness"], final["mean_staleness"]) if "max_staleness" in final else "-"
         split = " ".join(str(s) for s in final.get("local_batch_sizes") or []) or "-"
         lines.append("| %s | %.0f | %.2fx | %.4f | %.4f | %.2f%% | %s | %s | %s |"

@@ -19,6 +19,9 @@ parts_json=()
 run_started=$(date -u +%s)
 run_started_text=$(date -u '+%Y-%m-%d %H:%M')
 run_load=$(cut -d' ' -f1 /proc/loadavg)
+# Taken before the run: the results it writes are tracked files, so the tree is dirty after it.
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- 2>/dev/null || commit="$commit (with uncommitted changes)"
 
 part() {  # part NAME COMMAND...
   local name=$1; shift
@@ -45,8 +48,6 @@ part ddp env BUILD="$BUILD" bench/ddp.sh --rounds 9
 part fsdp env BUILD="$BUILD" bench/fsdp.sh --rounds 11
 part ps env BUILD="$BUILD" bench/ps.sh
 
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-git diff --quiet HEAD -- 2>/dev/null || commit="$commit (with uncommitted changes)"
 python3 - "$RESULTS/bench-run.json" "$run_started_text" "$(( $(date -u +%s) - run_started ))" "$commit" \
   "$(nproc)" "$run_load" "${parts_json[@]}" <<'PY'
 import json, os, sys
