@@ -31,8 +31,9 @@ demo: build
 # About 15 minutes on 2 cores (bench/run_all.sh): the collectives, DDP, FSDP
 # (memory and speed) and straggler benchmarks, results in bench/results/, then
 # the plots (docs/img/) and the tables of docs/PERFORMANCE.md rewritten from them.
+# PARTS="ddp ps" reruns only those parts (bench/run_all.sh lists them).
 bench: build
-	BUILD=$(BUILD) bench/run_all.sh
+	BUILD=$(BUILD) bench/run_all.sh $(PARTS)
 
 # Redraws docs/img/*.png (gnuplot) and rewrites docs/PERFORMANCE.md's generated
 # tables from the JSON already in bench/results/; needs no build. A missing

@@ -77,7 +77,7 @@ class Results:
         for entry in self.run.get("parts", []):
             if entry.get("name") == part:
                 return ["Measured %s UTC by `make bench`, commit %s (this part: %s; load average %s when it began)."
-                        % (entry["started_utc"], self.run.get("commit", "?"), duration(entry["seconds"]),
+                        % (entry["started_utc"], entry.get("commit", "?"), duration(entry["seconds"]),
                            entry.get("load_average", "?")), ""]
         return []
 
@@ -313,12 +313,18 @@ def block_bench_run(results):
     if not results.run:
         raise Missing("no bench/results/bench-run.json (make bench writes it)")
     run = results.run
-    lines = ["`make bench` on %s UTC, commit %s: **%s** in all (%s cores; load average %s before it began)."
-             % (run["started_utc"], run.get("commit", "?"), duration(run["seconds"]), run.get("cores", "?"),
-                run.get("load_average", "?")), "", "| part | command | time |", "|---|---|---:|"]
+    lines = []
+    full = run.get("full_run")
+    if full:
+        lines += ["The last run of every part: %s UTC, **%s** in all (%s cores; load average %s before it began)."
+                  % (full["started_utc"], duration(full["seconds"]), run.get("cores", "?"),
+                     full.get("load_average", "?")), ""]
+    lines += ["Each part as last measured (`make bench PARTS=\"ps\"` reruns only the parts named):", "",
+              "| part | command | measured (UTC) | commit | time |", "|---|---|---|---|---:|"]
     for part in run.get("parts", []):
-        lines.append("| %s | `%s` | %s |" % (part["name"], part["command"].replace("|", "\\|"),
-                                             duration(part["seconds"])))
+        lines.append("| %s | `%s` | %s | %s | %s |" % (part["name"], part["command"].replace("|", "\\|"),
+                                                      part["started_utc"], part.get("commit", "?"),
+                                                      duration(part["seconds"])))
     return lines
 
 
