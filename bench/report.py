@@ -249,36 +249,51 @@ def block_ps(results):
     return results.measured_line("ps") + ps_table(index, path, results.folder)
 
 
+def ps_final(folder, name):
+    """The final metrics line of one bench/ps.sh run."""
+    metrics = os.path.join(folder, name)
+    try:
+        with open(metrics) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError("%s: %s; rerun bench/ps.sh" % (metrics, e))
+    if not records or not records[-1].get("final"):
+        raise InputError("%s has no final line; the run did not finish: rerun bench/ps.sh" % metrics)
+    return records[-1]
+
+
 def ps_table(index, path, folder):
-    """bench/ps.sh's runs: each one's final metrics line, against DDP with the straggler."""
+    """bench/ps.sh's runs: per configuration, the median throughput of its repeats and
+    that repeat's final metrics line, against DDP with the straggler on as many ranks."""
     steps, batch = field(index, "steps", path, (int,)), field(index, "batch_size", path, (int,))
     rows = []
     for i, run in enumerate(field(index, "runs", path, (list,))):
         where = "%s: runs[%d]" % (path, i)
-        metrics = os.path.join(folder, field(run, "metrics", where, (str,)))
-        try:
-            with open(metrics) as f:
-                records = [json.loads(line) for line in f if line.strip()]
-        except (OSError, json.JSONDecodeError) as e:
-            raise InputError("%s: %s; rerun bench/ps.sh" % (metrics, e))
-        final = records[-1] if records and records[-1].get("final") else None
-        if final is None:
-            raise InputError("%s has no final line; the run did not finish: rerun bench/ps.sh" % metrics)
-        # ps-*: the samples the servers applied per second; DDP: every sample of every step.
-        rate = final["samples_per_s"] if "samples_per_s" in final else steps * batch / final["train_time_s"]
-        rows.append((field(run, "name", where, (str,)), final, rate, run.get("versus", "ddp")))
-    rates = {name: rate for name, _, rate, _ in rows}
+        files = run.get("metrics")
+        files = [files] if isinstance(files, str) else field(run, "metrics", where, (list,))
+        repeats = []
+        for name in files:
+            final = ps_final(folder, name)
+            # ps-*: the samples the servers applied per second; DDP: every sample of every step.
+            rate = final["samples_per_s"] if "samples_per_s" in final else steps * batch / final["train_time_s"]
+            repeats.append((rate, final))
+        repeats.sort(key=lambda r: r[0])
+        rate, final = repeats[(len(repeats) - 1) // 2]
+        rows.append((field(run, "name", where, (str,)), final, rate, run.get("versus", "ddp"),
+                     (repeats[0][0], repeats[-1][0]), len(repeats)))
+    rates = {row[0]: row[2] for row in rows}
     lines = ["%d steps x %d samples = %d samples per run; in every run without \"no straggler\" in its name, %s. "
-             "\"vs ddp\": samples/s against DDP with the straggler on as many ranks."
-             % (steps, batch, steps * batch, index.get("slowed", "one rank is slowed")), "",
-             "| run | samples/s | vs ddp | final train loss | test loss | test accuracy | staleness max / mean "
-             "| dropped | split |", "|---|---:|---:|---:|---:|---:|---|---:|---|"]
-    for name, final, rate, versus in rows:
+             "Each configuration ran %d times, the repeats taking turns; samples/s is the median repeat's, whose "
+             "other columns are shown too. \"vs ddp\": against DDP with the straggler on as many ranks."
+             % (steps, batch, steps * batch, index.get("slowed", "one rank is slowed"), max(r[5] for r in rows)), "",
+             "| run | samples/s | range | vs ddp | final train loss | test loss | test accuracy | staleness max / mean "
+             "| dropped | split |", "|---|---:|---|---:|---:|---:|---:|---|---:|---|"]
+    for name, final, rate, versus, (low, high), _ in rows:
         reference = rates.get(versus, rows[0][2])
         stale = "%d / %.2f" % (final["max_staleness"], final["mean_staleness"]) if "max_staleness" in final else "-"
         split = " ".join(str(s) for s in final.get("local_batch_sizes") or []) or "-"
-        lines.append("| %s | %.0f | %.2fx | %.4f | %.4f | %.2f%% | %s | %s | %s |"
-                     % (name, rate, rate / reference, final["loss"], final["eval_loss"],
+        lines.append("| %s | %.0f | %.0f-%.0f | %.2fx | %.4f | %.4f | %.2f%% | %s | %s | %s |"
+                     % (name, rate, low, high, rate / reference, final["loss"], final["eval_loss"],
                         100 * final["eval_accuracy"], stale, final.get("dropped_gradients", "-"), split))
     return lines
 
