@@ -42,10 +42,14 @@
 #include <csignal>
 #include <deque>
 #include <iostream>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace dtrain {
 namespace {
@@ -109,14 +113,36 @@ nlohmann::ordered_json eval_record(int64_t step, const train::Evaluation& e) {
   return record;
 }
 
-// What a checkpoint records about the run besides the tensors, for people
-// (dtrain checkpoint inspect shows it); resuming does not compare it.
+// What a checkpoint records about the run besides the tensors: `dtrain
+// checkpoint inspect` shows it, and a resumed run says where it differs
+// (resume_differences).
 std::map<std::string, std::string> run_description(const TrainConfig& c, int64_t total) {
   return {{"model", c.model},
           {"data", c.data},
           {"batch_size", std::to_string(c.batch_size)},
           {"seed", std::to_string(c.seed)},
           {"total_steps", std::to_string(total)}};
+}
+
+// One line per setting this run changes from the checkpoint's, with what it
+// means for the steps after it. None is an error: continuing with a new
+// schedule or more steps is a common and deliberate choice; but the result
+// is then not the uninterrupted run's, and the user should know.
+std::vector<std::string> resume_differences(const std::map<std::string, std::string>& saved,
+                                            const std::map<std::string, std::string>& now) {
+  static const std::map<std::string, std::pair<std::string, std::string>> meaning = {
+      {"data", {"--data", "training continues on other data"}},
+      {"batch_size", {"--batch-size", "the global batch, and so each step's samples, differ from here on"}},
+      {"seed", {"--seed", "the data order differs from here on"}},
+      {"total_steps", {"--steps", "the learning-rate schedule is stretched to the new length from here on"}}};
+  std::vector<std::string> lines;
+  for (const auto& [key, what] : meaning) {
+    const auto old_value = saved.find(key), new_value = now.find(key);
+    if (old_value == saved.end() || new_value == now.end() || old_value->second == new_value->second) continue;
+    lines.push_back(what.first + " " + new_value->second + " differs from the checkpoint's " + old_value->second +
+                    ": " + what.second);
+  }
+  return lines;
 }
 
 std::string checkpoint_note(const TrainConfig& c) {
@@ -211,12 +237,15 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
     const auto manifest = train::resume_from_latest(config.checkpoint_dir, *strategy, *optimizer, world, &rejected);
     if (printing) {
       for (const auto& reason : rejected) std::cout << "not resuming from " << reason << "\n";
-      if (!manifest)
+      if (!manifest) {
         std::cout << "no checkpoint in " << config.checkpoint_dir << " yet: starting at step 0" << std::endl;
-      else
+      } else {
         std::cout << "resuming from step " << manifest->step << " (" << train::checkpoint_path(config.checkpoint_dir, manifest->step)
                   << ", saved by " << manifest->strategy << " on " << manifest->world_size
                   << (manifest->world_size == 1 ? " rank" : " ranks") << ")" << std::endl;
+        for (const auto& line : resume_differences(manifest->extra, run_description(config, total)))
+          std::cout << "  note: " << line << "\n";
+      }
     }
     if (manifest) {
       if (manifest->step > total)

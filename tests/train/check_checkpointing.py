@@ -29,7 +29,8 @@ temporary folder, and compares per-step losses through the metrics files
         step 30 flipped: --resume passes over step 30 naming the file and
         the checksum, and continues from step 20 with the first run's losses,
         bitwise. With every checkpoint damaged, --resume stops with an error
-        saying so instead of quietly starting at step 0.
+        saying so instead of quietly starting at step 0. Resuming with another
+        --seed and --steps names both differences.
 
     check_checkpointing.py disk-full DTRAIN -- TRAIN_ARGS...
         --checkpoint-dir on a small tmpfs that holds one checkpoint but not
@@ -291,6 +292,16 @@ def check_damaged(dtrain, args, folder):
         fail("with every checkpoint damaged, --resume must not start at step 0")
     say("every checkpoint damaged: exit %d, 'no checkpoint ... can be loaded'" % code)
 
+    # Other settings than the checkpoint's: said, each with what it changes (a copy; the run goes on).
+    changed = os.path.join(folder, "changed-settings")
+    shutil.copytree(checkpoints, changed)
+    _, output = run([dtrain, "train"] + args + ["--checkpoint-dir", changed, "--resume", "--seed", "7",
+                                                "--steps", "40"])
+    for expected in ("note: --seed 7 differs from the checkpoint's 0", "note: --steps 40 differs from the checkpoint's 30"):
+        if expected not in output:
+            fail("resuming with --seed 7 --steps 40 must say %r" % expected)
+    say("changed --seed and --steps on resume: both named")
+
     shard = flip_a_byte(os.path.join(checkpoints, "step-00000030"))
     _, output = run([dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--resume",
                                                 "--metrics", os.path.join(folder, "resumed.jsonl")])
@@ -299,6 +310,8 @@ def check_damaged(dtrain, args, folder):
         fail("expected 'not resuming from step-00000030: ... %s ... checksum' in the output" % shard)
     if "resuming from step 20 " not in output:
         fail("expected 'resuming from step 20' after passing over step 30")
+    if "note: " in output:
+        fail("resuming with the checkpoint's own settings must not note any difference")
     compare_after(read_metrics(first), read_metrics(os.path.join(folder, "resumed.jsonl")), 20)
 
 
