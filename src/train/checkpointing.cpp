@@ -50,8 +50,8 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
   return (fs::path(dir) / name).string();
 }
 
-std::vector<FoundCheckpoint> resumable_checkpoints(const std::string& dir, std::vector<std::string>* rejected) {
-  std::vector<FoundCheckpoint> candidates;
+std::vector<int64_t> resumable_checkpoints(const std::string& dir, std::vector<std::string>& rejected) {
+  std::vector<int64_t> steps;
   const auto found = checkpoints_in(dir);
   for (auto it = found.rbegin(); it != found.rend(); ++it) {
     const std::string name = it->second.filename().string();
@@ -59,15 +59,15 @@ std::vector<FoundCheckpoint> resumable_checkpoints(const std::string& dir, std::
       const CheckpointManifest manifest = read_checkpoint_manifest(it->second.string());
       const auto mismatches = verify_checkpoint_files(it->second.string(), manifest, /*checksums=*/false);
       if (mismatches.empty()) {
-        candidates.push_back(FoundCheckpoint{it->first, it->second.string()});
-      } else if (rejected) {
-        rejected->push_back(name + ": " + mismatches.front());
+        steps.push_back(it->first);
+      } else {
+        rejected.push_back(name + ": " + mismatches.front());
       }
     } catch (const std::exception& error) {
-      if (rejected) rejected->push_back(name + ": " + error.what());
+      rejected.push_back(name + ": " + error.what());
     }
   }
-  return candidates;
+  return steps;
 }
 
 void prune_checkpoints(const std::string& dir, int64_t keep_last) {
@@ -117,13 +117,13 @@ std::optional<CheckpointManifest> resume_from_latest(const std::string& dir, Str
                                                      torch::optim::Optimizer& optimizer, const CommPtr& world,
                                                      std::vector<std::string>* rejected) {
   // Rank 0 lists the candidates, newest first, and tells the others.
-  std::vector<FoundCheckpoint> candidates;
+  std::vector<int64_t> candidates;
   std::vector<std::string> passed_over;
-  if (world->rank() == 0) candidates = resumable_checkpoints(dir, &passed_over);
+  if (world->rank() == 0) candidates = resumable_checkpoints(dir, passed_over);
   auto counts = torch::tensor({static_cast<int64_t>(candidates.size()), static_cast<int64_t>(passed_over.size())});
   world->broadcast(counts, 0)->wait();
-  auto steps = torch::zeros({counts[0].item<int64_t>()}, torch::kInt64);
-  for (size_t i = 0; i < candidates.size(); ++i) steps[static_cast<int64_t>(i)] = candidates[i].step;
+  auto steps = world->rank() == 0 ? torch::tensor(candidates, torch::kInt64)
+                                  : torch::zeros({counts[0].item<int64_t>()}, torch::kInt64);
   if (steps.numel() > 0) world->broadcast(steps, 0)->wait();
 
   std::optional<CheckpointManifest> loaded;

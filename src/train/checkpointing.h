@@ -28,17 +28,13 @@ class Strategy;
 // DIR/step-NNNNNNNN (eight digits, so names sort by step).
 std::string checkpoint_path(const std::string& dir, int64_t step);
 
-struct FoundCheckpoint {
-  int64_t step = 0;
-  std::string path;
-};
-
-// The checkpoints in `dir` worth trying to resume from, newest first: their
+// The steps of the checkpoints in `dir` worth trying to resume from, newest
+// first (checkpoint_path names their directories): their
 // manifest is complete and their files have the sizes it records. Those that
 // fail are described in `rejected` ("step-00000300: rank-00001-of-00002.safetensors:
 // 1000 bytes, the manifest says 2000"). Checksums are left to the load, which
 // verifies them across the ranks in parallel. Single process (rank 0 looks).
-std::vector<FoundCheckpoint> resumable_checkpoints(const std::string& dir, std::vector<std::string>* rejected);
+std::vector<int64_t> resumable_checkpoints(const std::string& dir, std::vector<std::string>& rejected);
 
 // Removes all but the newest `keep_last` complete checkpoints in `dir`
 // (keep_last 0: keep all) and any unfinished save older than the newest one.
