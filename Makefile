@@ -13,9 +13,14 @@ all: build
 setup:
 	@BUILD_DIR=$(BUILD) scripts/setup
 
+# Prints the build's wall time last, so a slower build shows in every run
+# (CI's included); `make test` then ends with ctest's "Total Test time".
 build: setup
-	@cmake -S . -B $(BUILD) -DCMAKE_PREFIX_PATH="$(TORCH_PREFIX)" >$(BUILD)/cmake-configure.log || { cat $(BUILD)/cmake-configure.log; exit 1; }
-	@cmake --build $(BUILD) -j $(JOBS)
+	@start=$$(date +%s); \
+	cmake -S . -B $(BUILD) -DCMAKE_PREFIX_PATH="$(TORCH_PREFIX)" >$(BUILD)/cmake-configure.log || { cat $(BUILD)/cmake-configure.log; exit 1; }; \
+	grep "^-- dtrain:" $(BUILD)/cmake-configure.log || true; \
+	cmake --build $(BUILD) -j $(JOBS) || exit 1; \
+	echo "build: $$(( $$(date +%s) - start )) s (configure and compile, $(JOBS) jobs)"
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 600

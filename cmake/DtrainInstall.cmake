@@ -16,5 +16,5 @@ configure_package_config_file(cmake/dtrainConfig.cmake.in ${CMAKE_CURRENT_BINARY
 write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/dtrainConfigVersion.cmake
                                  COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/dtrainConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/dtrainConfigVersion.cmake
-              cmake/dtrainTorchArch.cmake
+              cmake/dtrainTorchArch.cmake cmake/dtrainTorchCpuOnly.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/dtrain)
