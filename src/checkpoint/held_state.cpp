@@ -2,10 +2,11 @@
 
 #include <dtrain/fsdp.h>
 
+#include <torch/nn/module.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <stdexcept>
 

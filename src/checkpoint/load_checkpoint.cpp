@@ -10,7 +10,8 @@
 #include <dtrain/checkpoint.h>
 #include <dtrain/fsdp.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 #include <map>

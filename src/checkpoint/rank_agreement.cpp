@@ -1,6 +1,6 @@
 #include "checkpoint/rank_agreement.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cstring>

@@ -2,7 +2,7 @@
 
 #include <dtrain/comm.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -5,7 +5,9 @@
 
 #include "checkpoint/safetensors_format.h"
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>

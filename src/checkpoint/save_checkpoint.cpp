@@ -8,7 +8,8 @@
 #include <dtrain/checkpoint.h>
 #include <dtrain/fsdp.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,6 +1,7 @@
 #include "common/tensor_alias.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 namespace dtrain::detail {
 

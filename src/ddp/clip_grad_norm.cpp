@@ -1,7 +1,8 @@
 // Gradient clipping by the global norm, over replicated or sharded gradients.
 #include <dtrain/ddp.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <limits>

@@ -1,6 +1,9 @@
 #include <dtrain/sync_batch_norm.h>
 
-#include <torch/torch.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <stdexcept>
 

@@ -1,7 +1,10 @@
 #include "fsdp/activation_checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <memory>

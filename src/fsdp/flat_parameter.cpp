@@ -5,7 +5,8 @@
 #include <dtrain/comm.h>
 
 #include <c10/core/Allocator.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <stdexcept>

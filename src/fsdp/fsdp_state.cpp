@@ -9,7 +9,8 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <map>

@@ -4,7 +4,10 @@
 #include <dtrain/ddp.h>
 #include <dtrain/fsdp.h>
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <map>
 #include <mutex>

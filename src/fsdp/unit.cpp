@@ -4,7 +4,8 @@
 
 #include <dtrain/trace.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <stdexcept>
 

@@ -3,7 +3,7 @@
 
 #include "dtrain/comm.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <unistd.h>
 

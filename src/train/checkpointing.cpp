@@ -5,7 +5,7 @@
 #include "train/strategy.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cstdio>

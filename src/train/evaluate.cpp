@@ -1,6 +1,7 @@
 #include "train/evaluate.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <numeric>

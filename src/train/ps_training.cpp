@@ -13,7 +13,8 @@
 #include "train/stragglers.h"
 #include "train/training_data.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <chrono>

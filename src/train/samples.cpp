@@ -1,7 +1,7 @@
 #include "train/samples.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 namespace dtrain::train {
 

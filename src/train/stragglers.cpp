@@ -2,7 +2,7 @@
 
 #include "dtrain/data.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <stdexcept>

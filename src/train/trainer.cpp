@@ -34,7 +34,8 @@
 #include "train/training_data.h"
 
 #include <ATen/Parallel.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <chrono>

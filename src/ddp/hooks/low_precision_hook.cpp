@@ -1,7 +1,8 @@
 // bf16 / fp16 compression: half the bytes of an fp32 all-reduce.
 #include <dtrain/comm_hooks.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 namespace dtrain::hooks {
 namespace {

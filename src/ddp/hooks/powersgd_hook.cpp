@@ -9,7 +9,8 @@
 #include <dtrain/comm_hooks.h>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <map>

@@ -3,7 +3,8 @@
 // gradient, so nothing is lost, only delayed.
 #include <dtrain/comm_hooks.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cmath>
