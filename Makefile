@@ -58,10 +58,20 @@ asan:
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=0:detect_container_overflow=0 ctest --output-on-failure --timeout 900
 
 # Training to accuracy and throughput (issue 5): about 6 minutes on 2 cores;
-# then check-multihost's checks.
+# then check-multihost's and check-fresh-machine's checks.
 check-long: build
 	BUILD=$(BUILD) tests/long/check_long.sh
 	BUILD=$(BUILD) tests/multihost/run_two_hosts.sh
+	BUILD=$(BUILD) tests/fresh_machine/check_fresh_machine.sh
+
+# A newcomer's machine (issue 14): a bare Debian 12 root (debootstrap minbase
+# plus g++, cmake, make, git, python3-pip, python3-venv, ca-certificates; no
+# CUDA toolkit) clones the committed HEAD and runs `make test`; fails if
+# anything fails. Needs root (else prints SKIP and passes) and the package
+# registries; about 40 minutes on 2 cores (README, "Build details").
+.PHONY: check-fresh-machine
+check-fresh-machine:
+	BUILD=$(BUILD) tests/fresh_machine/check_fresh_machine.sh
 
 # Two hosts as network namespaces on this machine (issue 6): a 2-host x 2-rank
 # job over TCP (mpi and c10d) equals the single-host run; a cut link ends it

@@ -65,6 +65,8 @@ echo "   ${debootstrap_s} s"
 cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
 [[ -f /etc/pip.conf ]] && cp /etc/pip.conf "$root/etc/pip.conf"
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+# debootstrap writes no /etc/hosts; an installed Debian has one (localhost).
+[[ -f $root/etc/hosts ]] || cp /etc/hosts "$root/etc/hosts"
 # The host's apt sources name the same Debian archive; debootstrap wrote its
 # own (bookworm main), which is what a newcomer has.
 
