@@ -22,8 +22,12 @@ build: setup
 	cmake --build $(BUILD) -j $(JOBS) || exit 1; \
 	echo "build: $$(( $$(date +%s) - start )) s (configure and compile, $(JOBS) jobs)"
 
+# Ends with the skipped tests and why (no GPU, not root), and one line with the
+# counts: "tests: P passed, F failed, S skipped" (tests/ctest_summary.py).
 test: build
-	cd $(BUILD) && ctest --output-on-failure --timeout 600
+	@cd $(BUILD) && rm -f ctest-junit.xml && status=0 && \
+	ctest --output-on-failure --timeout 600 --output-junit ctest-junit.xml || status=$$?; \
+	python3 $(CURDIR)/tests/ctest_summary.py ctest-junit.xml; exit $$status
 
 # A byte-level GPT (0.8M parameters) learns the fortunes corpus on the local
 # cores (FSDP over min(4, cores) ranks): about 3 minutes on a 2-core machine.

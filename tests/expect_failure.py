@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Runs a command that is expected to fail, promptly and with a given message.
 
-    python3 tests/expect_failure.py --within SECONDS [--exit-code N] [--expect REGEX]... \
+    python3 tests/expect_failure.py --within SECONDS [--exit-code N | --success] [--expect REGEX]... \
         [--reject REGEX]... -- COMMAND [ARGS]...
 
 Passes (exit 0) only if COMMAND exits non-zero (with code N, if given) within
 SECONDS and its combined stdout+stderr matches every --expect REGEX
-(re.search, multiline) and no --reject REGEX. The command runs in its own
+(re.search, multiline) and no --reject REGEX. With --success the command must
+exit 0 instead: a test that checks what a command prints passes only when the
+command also succeeded (ctest's PASS_REGULAR_EXPRESSION ignores the exit code). The command runs in its own
 process group, which is killed if it is still running SECONDS + 10 s after the
 start. What the command printed is echoed, and on failure the reasons are
 listed.
@@ -34,6 +36,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--within", type=float, required=True, help="seconds the command may take to fail")
     parser.add_argument("--exit-code", type=int, metavar="N", help="the exit code the command must return")
+    parser.add_argument("--success", action="store_true",
+                        help="the command must exit 0 (and its output match) instead of failing")
     parser.add_argument("--expect", action="append", default=[], metavar="REGEX",
                         help="must match the combined output (repeatable)")
     parser.add_argument("--reject", action="append", default=[], metavar="REGEX",
@@ -43,6 +47,8 @@ def main():
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given (put it after --)")
+    if args.success and args.exit_code is not None:
+        parser.error("--success and --exit-code exclude each other")
     if args.within <= 0:
         parser.error("--within must be positive")
     try:
@@ -76,6 +82,9 @@ def main():
     problems = []
     if killed:
         problems.append("still running after %.0f s: killed its process group" % (args.within + KILL_GRACE_S))
+    elif args.success:
+        if process.returncode != 0:
+            problems.append("exited with code %d, expected 0" % process.returncode)
     elif process.returncode == 0:
         problems.append("exited with code 0, expected a failure")
     elif args.exit_code is not None and process.returncode != args.exit_code:

@@ -18,6 +18,7 @@
 #include <dtrain/models.h>
 
 #include "../common/multirank_gtest.h"
+#include "../common/skip_exit_code.h"
 #include "../ddp/ddp_test_support.h"
 #include "../fsdp/fsdp_test_models.h"
 
@@ -354,4 +355,6 @@ TEST_F(CudaTraining, MemoryAccountingWithCudaTensors) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return dtrain::testing::run_multirank_tests(argc, argv); }
+int main(int argc, char** argv) {
+  return dtrain::testing::skip_exit_code_if_all_skipped(dtrain::testing::run_multirank_tests(argc, argv));
+}

@@ -36,7 +36,8 @@ temporary folder, and compares per-step losses through the metrics files
         --checkpoint-dir on a small tmpfs that holds one checkpoint but not
         two: the second save fails with a message naming the step and the
         cause, the first checkpoint stays complete, and no partial directory
-        is left behind. Needs root (mount); otherwise says SKIP and passes.
+        is left behind. Needs root (mount); otherwise says SKIP and exits 77
+        (ctest reports it skipped).
 """
 
 import argparse
@@ -315,16 +316,21 @@ def check_damaged(dtrain, args, folder):
     compare_after(read_metrics(first), read_metrics(os.path.join(folder, "resumed.jsonl")), 20)
 
 
+# ctest's SKIP_RETURN_CODE for the disk-full check: a check that cannot run
+# here is reported as skipped, not passed.
+SKIP_EXIT_CODE = 77
+
+
 def check_disk_full(dtrain, args, folder):
     if os.geteuid() != 0:
         say("SKIP: mounting a small tmpfs needs root")
-        return
+        sys.exit(SKIP_EXIT_CODE)
     mount_point = os.path.join(folder, "small-disk")
     os.makedirs(mount_point)
     # The MLP's checkpoint (weights and SGD momentum) is about 2.2 MB: room for one.
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", mount_point]).returncode != 0:
         say("SKIP: cannot mount a tmpfs here")
-        return
+        sys.exit(SKIP_EXIT_CODE)
     try:
         checkpoints = os.path.join(mount_point, "checkpoints")
         code, output = run([dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--checkpoint-every", "10",
