@@ -72,7 +72,7 @@ check-long: build
 # plus g++, cmake, make, git, python3-pip, python3-venv, ca-certificates; no
 # CUDA toolkit) clones the committed HEAD and runs `make test`; fails if
 # anything fails. Needs root (else prints SKIP and passes) and the package
-# registries; about 40 minutes on 2 cores (README, "Build details").
+# registries; about 17 minutes on 2 cores (README, "Build time").
 .PHONY: check-fresh-machine
 check-fresh-machine:
 	BUILD=$(BUILD) tests/fresh_machine/check_fresh_machine.sh
