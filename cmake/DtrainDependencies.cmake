@@ -16,7 +16,7 @@ include(${CMAKE_CURRENT_LIST_DIR}/dtrainTorchArch.cmake)
 # libraries (libtorch_cpu, libc10) need no toolkit: the CUDA runtime pieces
 # they load come with the wheel's nvidia-* dependencies and are found through
 # their own RPATH. So without a toolkit dtrain links those two through a
-# target of its own (dtrain_torch_cpu_only.cmake) and leaves out its NCCL path.
+# target of its own (dtrainTorchCpuOnly.cmake) and leaves out its NCCL path.
 set(DTRAIN_CUDA AUTO CACHE STRING "Use LibTorch's CUDA build: AUTO (when the CUDA toolkit is found), ON or OFF")
 set_property(CACHE DTRAIN_CUDA PROPERTY STRINGS AUTO ON OFF)
 if(DTRAIN_CUDA STREQUAL "AUTO")
@@ -44,11 +44,9 @@ if(_dtrain_use_cuda_toolkit)
 else()
   include(${CMAKE_CURRENT_LIST_DIR}/dtrainTorchCpuOnly.cmake)
   set(DTRAIN_WITH_CUDA OFF)
-  if(NOT DTRAIN_CUDA_NOTICE_SHOWN)
-    message(STATUS "dtrain: no CUDA toolkit (DTRAIN_CUDA=${DTRAIN_CUDA}): building the CPU path against "
-                   "LibTorch's CPU libraries; the NCCL path is left out")
-    set(DTRAIN_CUDA_NOTICE_SHOWN ON CACHE INTERNAL "")
-  endif()
+  # On every configure: `make build` shows this line (it greps "-- dtrain:").
+  message(STATUS "dtrain: CUDA toolkit not used (DTRAIN_CUDA=${DTRAIN_CUDA}): building the CPU path against "
+                 "LibTorch's CPU libraries; the NCCL path is left out")
 endif()
 
 if(NOT TARGET dtrain::torch)

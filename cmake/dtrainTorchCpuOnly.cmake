@@ -33,7 +33,6 @@ endforeach()
 add_library(dtrain_torch_cpu_only SHARED IMPORTED GLOBAL)
 set_target_properties(dtrain_torch_cpu_only PROPERTIES
   IMPORTED_LOCATION "${_dtrain_torch_lib}/libtorch_cpu.so"
-  IMPORTED_NO_SONAME OFF
   INTERFACE_INCLUDE_DIRECTORIES "${TORCH_INSTALL_PREFIX}/include;${TORCH_INSTALL_PREFIX}/include/torch/csrc/api/include"
   # What LibTorch's own torch_cpu target passes to every consumer.
   INTERFACE_COMPILE_DEFINITIONS "USE_DISTRIBUTED;USE_C10D_GLOO;USE_RPC;USE_TENSORPIPE"
@@ -41,4 +40,3 @@ set_target_properties(dtrain_torch_cpu_only PROPERTIES
   INTERFACE_LINK_LIBRARIES "${_dtrain_torch_lib}/libc10.so")
 set(TORCH_LIBRARIES dtrain_torch_cpu_only)
 set(TORCH_CXX_FLAGS "")
-set(Torch_FOUND ON)
