@@ -17,7 +17,11 @@ int main(int argc, char** argv) {
 
   torch::manual_seed(0);
   dtrain::models::GPTConfig config{.seq_len = 64, .n_layer = 4, .n_embd = 128, .n_head = 4};
-  dtrain::models::GPT model(config);  // its blocks are dtrain::Sharded<GPTBlock> units
+  dtrain::models::GPT model{nullptr};  // its blocks are dtrain::Sharded<GPTBlock> units
+  {
+    dtrain::DeferredConstruction deferred;  // no weights yet: fully_shard builds each unit into its shards
+    model = dtrain::models::GPT(config);
+  }
   auto fsdp = dtrain::fully_shard(model, world, {.strategy = dtrain::Sharding::Full});
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));  // shards
 

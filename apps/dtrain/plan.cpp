@@ -117,7 +117,11 @@ void print(const Resolved& r, const plan::Plan& p) {
               static_cast<long long>(r.global_batch),
               r.options.fsdp.mixed_precision.param_dtype == torch::kBFloat16 ? "bf16 compute" : "fp32", r.optimizer.c_str());
 
-  std::printf("\nPeak memory of rank %d: %s, at %s\n", p.rank, human(p.peak.total()).c_str(), p.peak_moment.c_str());
+  std::printf("\nPeak memory of rank %d: %s (the larger of the start's and a step's)\n", p.rank,
+              human(p.overall_peak_bytes()).c_str());
+  std::printf("  start (construction%s): %s, at %s\n", r.options.init_from ? ", --init-from" : "",
+              human(p.construction.total()).c_str(), p.construction_moment.c_str());
+  std::printf("  training step: %s, at %s\n", human(p.peak.total()).c_str(), p.peak_moment.c_str());
   auto row = [](const char* what, int64_t bytes, const char* note) {
     std::printf("  %-22s %12s  %s\n", what, human(bytes).c_str(), note);
   };
@@ -162,9 +166,13 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
           {"batch_per_rank", r.model.batch_per_rank},
           {"mixed_precision", r.options.fsdp.mixed_precision.param_dtype == torch::kBFloat16 ? "bf16" : "none"},
           {"optimizer", r.optimizer},
-          {"peak_bytes", p.peak.total()},
+          {"peak_bytes", p.overall_peak_bytes()},
+          {"step_peak_bytes", p.peak.total()},
           {"peak", to_json(p.peak)},
           {"peak_moment", p.peak_moment},
+          {"construction_peak_bytes", p.construction.total()},
+          {"construction", to_json(p.construction)},
+          {"construction_moment", p.construction_moment},
           {"between_steps", to_json(p.between_steps)},
           {"forward_activation_bytes", p.forward_activation_bytes},
           {"max_units_gathered", p.max_units_gathered},

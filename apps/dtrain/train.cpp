@@ -182,6 +182,10 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
   auto* output = app.add_option_group("Output");
   output->add_option("--eval-every", c.eval_every, "Evaluate every K steps (0: only at the end)")
       ->check(kNonNegative)->capture_default_str();
+  output->add_option("--eval-windows", c.eval_windows, "GPT: validation windows per evaluation")
+      ->check(kPositive)->capture_default_str();
+  output->add_option("--samples", c.samples, "GPT: text samples generated at the end (0: none)")
+      ->check(kNonNegative)->capture_default_str();
   output->add_option("--log-every", c.log_every, "Progress and metrics lines every K steps")
       ->check(kPositive)->capture_default_str();
   output->add_option("--metrics", c.metrics_path, "Write metrics as JSON Lines to PATH (its folder must exist)");

@@ -20,6 +20,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -52,6 +53,18 @@ struct SafetensorsFile {
 // must be unique and not "__metadata__".
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+// save_safetensors with each tensor produced only when it is written:
+// tensor_at(i) must return a tensor of entries[i]'s dtype and shape, and only
+// one is alive at a time (exporting a model larger than memory).
+struct SafetensorsEntry {
+  std::string name;
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+void save_safetensors_streamed(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                               const std::function<torch::Tensor(size_t)>& tensor_at,
+                               const std::map<std::string, std::string>& metadata = {});
 
 // Reads a whole safetensors file. Throws std::runtime_error "PATH: problem"
 // for a file that cannot be read or does not follow the format: a header
@@ -132,10 +145,27 @@ namespace dtrain {
 
 class FullyShardedBase;
 
+// load_state_into for a sharded model: each rank reads from the safetensors
+// file at `path` only the bytes of the parameter pieces it holds (and the
+// buffers), straight into them, so no rank ever holds the whole file. Names,
+// shapes and dtypes are checked first, as load_state_into does (the same
+// std::runtime_error messages). Not collective: every rank calls it.
+void load_safetensors_into(FullyShardedBase& fsdp, const std::string& path);
+// Whether load_state_into would accept the file at `path` for `module`,
+// reading only the file's header (the module may be deferred): throws what
+// it would throw.
+void check_safetensors_fits(const torch::nn::Module& module, const std::string& path);
+
 // The full tensors of the checkpoint (parameters and buffers; with
 // optimizer_state also "optim/..." entries), assembled from every rank file.
 // Single process; checks checksums first.
 std::map<std::string, torch::Tensor> load_full_checkpoint(const std::string& dir, bool optimizer_state = false);
+// The full (unsharded) parameters and buffers of the checkpoint in `dir`
+// written to one safetensors file at `path` (save_safetensors_streamed): one
+// tensor is in memory at a time, assembled from the rank files' pieces.
+// Checks checksums first. Returns the number of tensors written.
+size_t export_checkpoint_safetensors(const std::string& dir, const std::string& path,
+                                     const std::map<std::string, std::string>& metadata = {});
 
 // Collective over `comm` (null: single process). `model` is the plain module
 // (single process) or the module a DDP replica wraps (every rank equal).

@@ -13,6 +13,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 namespace dtrain::memory {
 
@@ -35,6 +37,25 @@ void reset_peak();
 // job. install_tracking_allocator() reads DTRAIN_MEMORY_CAP_MB.
 void set_limit_bytes(int64_t bytes);
 int64_t limit_bytes();
+
+// What this rank is doing, for the out-of-memory message: "rank 2 is out of
+// memory during the forward of FSDP unit 'blocks.3'", followed by `advice`
+// (what would help; without it the advice in force stays, and with none
+// at all the message gives general advice). A Phase names the process's
+// activity while it lives and restores the previous one (set_phase replaces
+// it until the next change).
+class Phase {
+ public:
+  explicit Phase(std::string what, std::optional<std::string> advice = std::nullopt);
+  ~Phase();
+  Phase(const Phase&) = delete;
+  Phase& operator=(const Phase&) = delete;
+
+ private:
+  std::string previous_what_, previous_advice_;
+};
+void set_phase(std::string what, std::optional<std::string> advice = std::nullopt);
+std::string current_phase();
 
 // The process's peak resident set size (VmHWM in /proc/self/status), in
 // bytes; 0 where the kernel does not report it.

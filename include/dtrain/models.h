@@ -5,8 +5,12 @@
 // (DDP, FSDP, parameter server) and a plain single-process loop take them as
 // they are. Initial weights come from LibTorch's default generator: call
 // torch::manual_seed(seed) before building one to make them reproducible.
+// Each module is initialised from its own generator (dtrain/deferred_init.h),
+// so they can be built deferred and materialised piece by piece by FSDP
+// with the same weights.
 #pragma once
 
+#include <dtrain/deferred_init.h>
 #include <dtrain/fsdp.h>
 
 #include <torch/nn/module.h>
@@ -23,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace dtrain::models {
@@ -33,7 +38,7 @@ int64_t parameter_count(const torch::nn::Module& module);
 
 // Flatten -> [Linear -> ReLU -> Dropout] per hidden size -> Linear(10).
 // Takes [B,1,28,28] (or [B,784]) float, returns logits [B,10].
-class MLPImpl : public torch::nn::Module {
+class MLPImpl : public torch::nn::Module, public DeferredInit {
  public:
   explicit MLPImpl(std::vector<int64_t> hidden_sizes = {256, 256}, double dropout = 0.0);
   torch::Tensor forward(torch::Tensor images);
@@ -47,7 +52,7 @@ TORCH_MODULE(MLP);
 // channels) then Linear(32*7*7 -> 64) -> ReLU -> Linear(64 -> 10).
 // Takes [B,1,28,28] float, returns logits [B,10]. BatchNorm's running
 // statistics are buffers, which DDP must broadcast from rank 0.
-class CNNImpl : public torch::nn::Module {
+class CNNImpl : public torch::nn::Module, public DeferredInit {
  public:
   CNNImpl();
   torch::Tensor forward(torch::Tensor images);
@@ -94,7 +99,7 @@ TORCH_MODULE(GPTBlock);
 // (the ModuleList "blocks"), final LayerNorm, and an output head tied to the
 // token embedding (logits = x @ wte.weight^T; there is no head parameter).
 // GPT-2 initialisation: Linear and Embedding weights ~ N(0, 0.02), biases 0.
-class GPTImpl : public torch::nn::Module {
+class GPTImpl : public torch::nn::Module, public DeferredInit {
  public:
   explicit GPTImpl(const GPTConfig& config);
 
@@ -115,6 +120,9 @@ class GPTImpl : public torch::nn::Module {
                          const std::function<torch::Tensor(const torch::Tensor&)>& forward = nullptr);
 
   const GPTConfig& config() const { return config_; }
+
+  // GPT-2's initialisation of each module (see above); LayerNorms as LibTorch.
+  void init_module(const std::string& name, torch::nn::Module& module, at::Generator& generator) override;
 
   // parameter_count(GPT(config)) without building the model:
   //   vocab*C + seq_len*C + n_layer*(12*C^2 + 13*C) + 2*C   (C = n_embd).

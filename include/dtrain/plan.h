@@ -115,6 +115,10 @@ struct PlanOptions {
   // shards hold (the last ranks hold it, and optimizer state skips it);
   // rank 0 holds the most.
   int rank = 0;
+  // The weights come from a safetensors file (dtrain train --init-from):
+  // DDP reads the whole file next to its replica; FSDP reads only its pieces
+  // straight into them.
+  bool init_from = false;
 };
 
 // Bytes by what they hold.
@@ -156,6 +160,15 @@ struct Plan {
   int rank = 0;
   MemoryBreakdown peak;    // at the busiest moment of a steady-state step
   std::string peak_moment; // e.g. "backward: 'blocks.0' reduces its gradients"
+  // At the busiest moment of the start, as dtrain train runs it: building
+  // the model (sharded strategies: deferred, then materialised one module at
+  // a time straight into this rank's shards; DDP: the whole model, rank 0's
+  // broadcast, the buckets) and --init-from. Note [construction plan] in
+  // src/plan/simulate_construction.cpp.
+  MemoryBreakdown construction;
+  std::string construction_moment;
+  // The run's peak: the larger of the start's and a step's.
+  int64_t overall_peak_bytes() const;
   MemoryBreakdown between_steps;  // after zero_grad, before the next forward
   int64_t forward_activation_bytes = 0;  // activations alive at the end of forward (the estimate for the batch)
   int max_units_gathered = 0;     // at once (full buffers allocated), over the step

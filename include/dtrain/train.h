@@ -112,9 +112,14 @@ struct TrainResult {
   std::optional<double> eval_accuracy;  // classification only
   int world_size = 1;
   double step_time_s_median = 0;
-  // Tracking allocator's peak (dtrain/memory.h) while training, datasets not counted.
+  // Tracking allocator's peak (dtrain/memory.h) over the whole run, datasets
+  // not counted: the larger of the start's and the steps' peaks.
   std::vector<int64_t> peak_memory_bytes_per_rank;
   int64_t peak_memory_bytes = 0;  // max over ranks
+  // Building the model, --init-from and --resume (max over ranks).
+  int64_t construction_peak_bytes = 0;
+  // The training steps, evaluation and checkpoints (max over ranks).
+  int64_t step_peak_bytes = 0;
   int64_t peak_rss_bytes = 0;     // max over ranks (VmHWM)
   std::vector<std::string> samples;  // GPT: generated text (whole bytes, prompt included)
   int64_t resumed_from_step = 0;     // the checkpoint's step; 0 = started afresh

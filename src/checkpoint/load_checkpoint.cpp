@@ -195,24 +195,46 @@ CheckpointManifest load_checkpoint(const std::string& dir, FullyShardedBase& fsd
   return load_held(dir, detail::held_by_fsdp(fsdp), optimizer, fsdp.comm());
 }
 
+namespace {
+
+torch::ScalarType dtype_by_name(const std::string& dir, const std::string& tensor, const std::string& dtype) {
+  for (auto candidate : {torch::kFloat32, torch::kFloat64, torch::kBFloat16, torch::kFloat16, torch::kInt64,
+                         torch::kInt32, torch::kInt16, torch::kInt8, torch::kUInt8, torch::kBool}) {
+    if (dtype_name(candidate) == dtype) return candidate;
+  }
+  throw std::runtime_error(dir + ": '" + tensor + "' has unsupported dtype " + dtype);
+}
+
+}  // namespace
+
 std::map<std::string, torch::Tensor> load_full_checkpoint(const std::string& dir, bool optimizer_state) {
   const CheckpointManifest manifest = read_checkpoint_manifest(dir);
   verify_files(dir, manifest, nullptr);
-  // dtypes by name, from the tensors' names in the manifest.
-  std::map<std::string, torch::ScalarType> dtypes;
-  for (auto dtype : {torch::kFloat32, torch::kFloat64, torch::kBFloat16, torch::kFloat16, torch::kInt64, torch::kInt32,
-                     torch::kInt16, torch::kInt8, torch::kUInt8, torch::kBool}) {
-    dtypes[dtype_name(dtype)] = dtype;
-  }
   CheckpointReader reader(dir, manifest);
   std::map<std::string, torch::Tensor> result;
   for (const auto& [name, tensor] : manifest.tensors) {
     if (!optimizer_state && name.rfind("optim/", 0) == 0) continue;
-    auto dtype = dtypes.find(tensor.dtype);
-    if (dtype == dtypes.end()) throw std::runtime_error(dir + ": '" + name + "' has unsupported dtype " + tensor.dtype);
-    result[name] = reader.read(name, 0, numel_of(tensor.shape), dtype->second).view(tensor.shape);
+    const auto dtype = dtype_by_name(dir, name, tensor.dtype);
+    result[name] = reader.read(name, 0, numel_of(tensor.shape), dtype).view(tensor.shape);
   }
   return result;
+}
+
+size_t export_checkpoint_safetensors(const std::string& dir, const std::string& path,
+                                     const std::map<std::string, std::string>& metadata) {
+  const CheckpointManifest manifest = read_checkpoint_manifest(dir);
+  verify_files(dir, manifest, nullptr);
+  CheckpointReader reader(dir, manifest);
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, tensor] : manifest.tensors) {
+    if (name.rfind("optim/", 0) == 0) continue;
+    entries.push_back({name, dtype_by_name(dir, name, tensor.dtype), tensor.shape});
+  }
+  save_safetensors_streamed(
+      path, entries,
+      [&](size_t i) { return reader.read(entries[i].name, 0, numel_of(entries[i].shape), entries[i].dtype).view(entries[i].shape); },
+      metadata);
+  return entries.size();
 }
 
 }  // namespace dtrain

@@ -61,8 +61,7 @@ RankFileReader::RankFileReader(std::string path) : path_(std::move(path)) {
     if (::fstat(fd_, &info) != 0) throw std::runtime_error(path_ + ": cannot stat: " + std::strerror(errno));
     const auto size = static_cast<uint64_t>(info.st_size);
     uint8_t prefix[st::kLengthBytes] = {};
-    if (size < st::kLengthBytes) throw std::runtime_error(path_ + ": too short for a safetensors file");
-    pread_all(fd_, prefix, st::kLengthBytes, 0, path_);
+    pread_all(fd_, prefix, std::min<uint64_t>(size, st::kLengthBytes), 0, path_);
     const uint64_t length = st::parse_header_length(prefix, size);
     std::vector<char> json(length);
     pread_all(fd_, json.data(), length, st::kLengthBytes, path_);
@@ -70,7 +69,7 @@ RankFileReader::RankFileReader(std::string path) : path_(std::move(path)) {
     header_.data_offset = st::kLengthBytes + length;
   } catch (const st::FormatError& error) {
     ::close(fd_);
-    throw std::runtime_error(path_ + ": " + error.what());
+    throw std::runtime_error(path_ + ": not a valid safetensors file: " + error.what());
   } catch (...) {
     ::close(fd_);
     throw;

@@ -27,6 +27,9 @@ class RankFileReader {
   void read(const std::string& name, int64_t first, torch::Tensor destination) const;
   // The tensor's element count; throws if the file lacks it.
   int64_t numel(const std::string& name) const;
+  // Every tensor the file holds, as its header lists them.
+  const safetensors::Header& header() const { return header_; }
+  const std::string& path() const { return path_; }
 
  private:
   const safetensors::TensorEntry& entry(const std::string& name) const;

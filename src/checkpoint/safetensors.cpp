@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <unordered_map>
@@ -213,24 +214,25 @@ const torch::Tensor& SafetensorsFile::at(const std::string& name) const {
   throw std::out_of_range((path.empty() ? std::string("the safetensors file") : path) + " has no tensor '" + name + "'");
 }
 
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+void save_safetensors_streamed(const std::string& path, const std::vector<SafetensorsEntry>& entries_in,
+                               const std::function<torch::Tensor(size_t)>& tensor_at,
+                               const std::map<std::string, std::string>& metadata) {
   // Everything that can be checked is checked before the disk is touched.
   std::vector<st::TensorEntry> entries;
-  entries.reserve(tensors.size());
+  entries.reserve(entries_in.size());
   uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    const std::string where = "cannot write " + path + ": tensor '" + name + "' ";
-    if (!tensor.defined()) throw std::runtime_error(where + "is undefined");
-    if (tensor.layout() != torch::kStrided) throw std::runtime_error(where + "is not a dense (strided) tensor");
-    const auto dtype = file_dtype(tensor.scalar_type());
-    if (!dtype) throw std::runtime_error(where + "has dtype " + dtype_text(tensor.scalar_type()) + ", which safetensors cannot hold");
+  for (const auto& in : entries_in) {
+    const std::string where = "cannot write " + path + ": tensor '" + in.name + "' ";
+    const auto dtype = file_dtype(in.dtype);
+    if (!dtype) throw std::runtime_error(where + "has dtype " + dtype_text(in.dtype) + ", which safetensors cannot hold");
     st::TensorEntry entry;
-    entry.name = name;
+    entry.name = in.name;
     entry.dtype = *dtype;
-    entry.shape = tensor.sizes().vec();
+    entry.shape = in.shape;
     entry.begin = offset;
-    offset += static_cast<uint64_t>(tensor.numel()) * st::dtype_size(*dtype);
+    int64_t numel = 1;
+    for (int64_t size : in.shape) numel *= size;
+    offset += static_cast<uint64_t>(numel) * st::dtype_size(*dtype);
     entry.end = offset;
     entries.push_back(std::move(entry));
   }
@@ -243,12 +245,29 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
 
   TempFile file(path);
   file.write(header.data(), header.size());
-  for (const auto& [name, tensor] : tensors) {
+  for (size_t i = 0; i < entries_in.size(); ++i) {
     // One tensor at a time on the CPU, so saving needs little extra memory.
-    const torch::Tensor bytes = tensor.detach().to(torch::kCPU).resolve_conj().resolve_neg().contiguous();
+    const torch::Tensor bytes = tensor_at(i).detach().to(torch::kCPU).resolve_conj().resolve_neg().contiguous();
+    if (bytes.scalar_type() != entries_in[i].dtype || bytes.sizes().vec() != entries_in[i].shape) {
+      throw std::logic_error("cannot write " + path + ": tensor '" + entries_in[i].name +
+                             "' is not the dtype and shape its header entry says");
+    }
     file.write(bytes.data_ptr(), bytes.nbytes());
   }
   file.commit();
+}
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsEntry> entries;
+  entries.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    const std::string where = "cannot write " + path + ": tensor '" + name + "' ";
+    if (!tensor.defined()) throw std::runtime_error(where + "is undefined");
+    if (tensor.layout() != torch::kStrided) throw std::runtime_error(where + "is not a dense (strided) tensor");
+    entries.push_back({name, tensor.scalar_type(), tensor.sizes().vec()});
+  }
+  save_safetensors_streamed(path, entries, [&](size_t i) { return tensors[i].second; }, metadata);
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

@@ -2,6 +2,7 @@
 #include "ddp/replicas.h"
 
 #include <dtrain/ddp.h>
+#include <dtrain/deferred_init.h>
 
 #include <stdexcept>
 
@@ -48,6 +49,8 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   }
 
   detail::check_same_on_all_ranks(*comm_, everything, "DDP");
+  // A replica needs the whole model: a deferred one is built here in full.
+  if (has_deferred_storage(*module_)) materialize(*module_);
   detail::broadcast_from_rank0(*comm_, values);
   reducer_ = std::make_unique<detail::Reducer>(std::move(trained_names), std::move(trained), comm_, options_);
 }

@@ -3,6 +3,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include <dtrain/comm.h>
+#include <dtrain/deferred_init.h>
 
 #include <c10/core/Allocator.h>
 #include <torch/types.h>
@@ -15,6 +16,13 @@ namespace dtrain::detail {
 namespace {
 
 std::string dtype_name_of(const torch::Tensor& t) { return dtype_name(t.scalar_type()); }
+
+// A tensor of `sizes` whose storage has no bytes yet (allocate_full gives it some).
+torch::Tensor unallocated(at::IntArrayRef sizes, const torch::TensorOptions& options) {
+  auto tensor = torch::empty({0}, options);
+  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  return tensor;
+}
 
 }  // namespace
 
@@ -55,15 +63,35 @@ FlatParameter::FlatParameter(std::vector<std::string> names, std::vector<torch::
     entry.local_count = end - begin;
   }
 
+  // The shard is written piece by piece, never through a full-size copy of
+  // the unit: a deferred parameter (dtrain/deferred_init.h) has no storage
+  // yet and is filled in later by take_piece(), once materialised, so
+  // building a unit costs its shard plus, at most, one module at full size.
   torch::NoGradGuard no_grad;
-  auto flat = torch::zeros({padded_numel_}, master);
-  for (const auto& entry : entries_) flat.narrow(0, entry.offset, entry.numel).copy_(entry.param.detach().reshape({-1}));
-  shard_ = flat.narrow(0, shard_begin, shard_numel_).clone();
+  shard_ = torch::zeros({shard_numel_}, master);
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (!is_deferred(entries_[i].param)) take_piece(i);
+  }
 
   full_is_shard_ = group_size == 1 && compute_dtype_ == shard_.scalar_type();
-  full_ = full_is_shard_ ? shard_ : torch::empty({padded_numel_}, master.dtype(compute_dtype_));
-  if (!full_is_shard_) free_full();
-  use_shard_views();
+  full_ = full_is_shard_ ? shard_ : unallocated({padded_numel_}, master.dtype(compute_dtype_));
+}
+
+void FlatParameter::take_piece(size_t i) {
+  torch::NoGradGuard no_grad;
+  auto& entry = entries_[i];
+  if (is_deferred(entry.param)) {
+    throw std::logic_error("FSDP: parameter '" + entry.name + "' has no storage yet; materialise it first");
+  }
+  shard_piece(shard_, i).copy_(entry.param.detach().reshape({-1}).narrow(0, entry.local_begin, entry.local_count));
+  entry.param.set_data(shard_piece(shard_, i));
+}
+
+bool FlatParameter::all_pieces_taken() const {
+  for (const auto& entry : entries_) {
+    if (is_deferred(entry.param)) return false;
+  }
+  return true;
 }
 
 int64_t FlatParameter::local_offset(size_t i) const {

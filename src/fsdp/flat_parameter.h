@@ -38,7 +38,9 @@ struct FlatEntry {
 
 class FlatParameter {
  public:
-  // The parameters' current values must be identical on every rank.
+  // The parameters' current values must be identical on every rank. A
+  // deferred parameter (dtrain/deferred_init.h) keeps its place in the
+  // layout, zeros in the shard and no storage until take_piece(i).
   FlatParameter(std::vector<std::string> names, std::vector<torch::Tensor> params, int group_size, int group_rank,
                 torch::ScalarType compute_dtype);
 
@@ -54,6 +56,11 @@ class FlatParameter {
   torch::Tensor shard_piece(const torch::Tensor& flat_shard, size_t i) const;
   // Where that piece starts within the shard.
   int64_t local_offset(size_t i) const;
+  // Copies this rank's piece of parameter i (now at full size) into the
+  // shard and points the parameter at it, freeing the full-size data.
+  void take_piece(size_t i);
+  // False while a deferred parameter still waits for take_piece().
+  bool all_pieces_taken() const;
 
   bool full_allocated() const;
   void allocate_full();

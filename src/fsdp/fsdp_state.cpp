@@ -4,6 +4,8 @@
 #include "fsdp/activation_checkpoint.h"
 #include "fsdp/wrap_policy.h"
 
+#include <dtrain/deferred_init.h>
+#include <dtrain/memory.h>
 #include <dtrain/trace.h>
 
 #include <torch/csrc/autograd/engine.h>
@@ -37,6 +39,17 @@ class UnitGradientHook : public torch::autograd::PostAccumulateGradHook {
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+// Every DeferredInit model inside `root` takes rank 0's init seed.
+void agree_on_init_seeds(Communicator& comm, torch::nn::Module& root) {
+  const auto models = deferred_init_models(root);
+  if (comm.size() == 1 || models.empty()) return;
+  auto seeds = torch::empty({static_cast<int64_t>(models.size())}, torch::kInt64);
+  for (size_t i = 0; i < models.size(); ++i) seeds[static_cast<int64_t>(i)] = static_cast<int64_t>(models[i]->init_seed());
+  comm.broadcast(seeds, 0)->wait();
+  for (size_t i = 0; i < models.size(); ++i)
+    models[i]->set_init_seed(static_cast<uint64_t>(seeds[static_cast<int64_t>(i)].item<int64_t>()));
+}
+
 }  // namespace
 
 std::pair<FSDPState*, Unit*> lookup_unit(const torch::nn::Module* module) {
@@ -65,19 +78,23 @@ FSDPState::FSDPState(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FSDP
   build_groups();
 
   std::vector<NamedTensor> everything;
-  std::vector<torch::Tensor> values;
-  for (const auto& item : root_->named_parameters(true)) {
-    everything.push_back({"parameter", item.key(), item.value()});
-    values.push_back(item.value());
-  }
-  for (const auto& item : root_->named_buffers(true)) {
-    everything.push_back({"buffer", item.key(), item.value()});
-    values.push_back(item.value());
-  }
+  for (const auto& item : root_->named_parameters(true)) everything.push_back({"parameter", item.key(), item.value()});
+  for (const auto& item : root_->named_buffers(true)) everything.push_back({"buffer", item.key(), item.value()});
   check_same_on_all_ranks(*comm_, everything, "FSDP");
-  broadcast_from_rank0(*comm_, values);
 
-  build_units();
+  // Rank 0's weights everywhere, one unit at a time: a deferred model takes
+  // rank 0's init seeds (each rank then builds the same values for its own
+  // pieces); a built one has each unit broadcast just before it is sharded.
+  // No rank ever holds more than its shards plus one unit's worth of copies.
+  const bool deferred = has_deferred_storage(*root_);
+  if (deferred) agree_on_init_seeds(*comm_, *root_);
+  build_units(deferred ? deferred_modules(*root_) : std::vector<DeferredModule>{});
+
+  std::vector<torch::Tensor> buffers;
+  for (const auto& item : root_->named_buffers(true)) {
+    if (!is_deferred(item.value())) buffers.push_back(item.value());
+  }
+  broadcast_from_rank0(*comm_, buffers);
   install_gradient_hooks();
 }
 
@@ -114,12 +131,55 @@ void FSDPState::build_groups() {
   }
 }
 
-void FSDPState::build_units() {
+void FSDPState::build_units(const std::vector<DeferredModule>& deferred) {
   UnitGroups groups{shard_group_.get(), replicate_group_.get()};
+  // Which deferred module owns each parameter.
+  std::map<const c10::TensorImpl*, const DeferredModule*> owner_of;
+  for (const auto& module : deferred) {
+    for (const auto& item : module.module->named_parameters(false)) owner_of[item.value().unsafeGetTensorImpl()] = &module;
+  }
+  std::vector<char> materialised(deferred.size(), 0);
   for (auto& plan : plan_units(root_, options_.wrap)) {
+    std::vector<torch::Tensor> built;
+    for (const auto& p : plan.parameters) {
+      if (!is_deferred(p)) built.push_back(p);
+    }
+    broadcast_from_rank0(*comm_, built);
+    const std::string phase = "construction of FSDP unit " + (plan.name.empty() ? std::string("(root)") : "'" + plan.name + "'");
+    const memory::Phase in_phase(phase);
     units_.push_back(std::make_unique<Unit>(plan.name, plan.module.get(), std::move(plan.parameter_names),
                                             std::move(plan.parameters), groups, options_));
-    units_.back()->set_index(static_cast<int>(units_.size() - 1));
+    Unit& unit = *units_.back();
+    unit.set_index(static_cast<int>(units_.size() - 1));
+    // Deferred modules one at a time: full size, initialised, cut to this
+    // rank's pieces, freed.
+    auto& entries = unit.flat().entries();
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (!is_deferred(entries[i].param)) continue;
+      auto it = owner_of.find(entries[i].param.unsafeGetTensorImpl());
+      if (it == owner_of.end()) throw std::logic_error("FSDP: no deferred module owns parameter '" + entries[i].name + "'");
+      const DeferredModule& module = *it->second;
+      const auto index = static_cast<size_t>(&module - deferred.data());
+      if (materialised[index]) {
+        throw std::invalid_argument("FSDP: module '" + module.name + "' has parameters in two units (its parameter '" +
+                                    entries[i].name + "' is in " + unit.display_name() +
+                                    "); a deferred module must lie inside one unit");
+      }
+      materialize_module(module);
+      materialised[index] = 1;
+      for (size_t j = i; j < entries.size(); ++j) {
+        auto owner = owner_of.find(entries[j].param.unsafeGetTensorImpl());
+        if (owner != owner_of.end() && owner->second == &module) unit.flat().take_piece(j);
+      }
+    }
+    if (!unit.flat().all_pieces_taken()) {
+      throw std::invalid_argument("FSDP: unit " + unit.display_name() +
+                                  " shares a deferred module with another unit; a deferred module must lie inside one unit");
+    }
+  }
+  // Modules with deferred buffers only (their buffers stay whole on every rank).
+  for (size_t i = 0; i < deferred.size(); ++i) {
+    if (!materialised[i]) materialize_module(deferred[i]);
   }
   std::lock_guard<std::mutex> lock(g_registry_mutex);
   for (size_t i = 1; i < units_.size(); ++i) {
@@ -264,6 +324,7 @@ torch::Tensor FSDPState::forward_unit(Unit& unit, const std::function<torch::Ten
   }
   const trace::Span span("unit_forward", trace::category::compute,
                          {{"unit", unit.index()}, {"name", unit.trace_name()}});
+  memory::set_phase("forward of FSDP unit " + unit.display_name());
   unit.set_state(TrainingState::Forward);
   this_forward_.push_back(&unit);
   if (unit.start_unshard()) ++inflight_gathers_;
@@ -298,6 +359,7 @@ void FSDPState::pre_backward(Unit& unit) {
                              to_string(unit.state()) +
                              "; a second backward through one forward (retain_graph) is not supported");
   }
+  memory::set_phase("backward of FSDP unit " + unit.display_name());
   unit.backward_started_ns = trace::enabled() ? trace::now_ns() : -1;
   unit.stash_shard_gradients();
   if (unit.start_unshard()) ++inflight_gathers_;

@@ -4,6 +4,7 @@
 
 #include "fsdp/unit.h"
 
+#include <dtrain/deferred_init.h>
 #include <dtrain/fsdp.h>
 
 #include <functional>
@@ -40,7 +41,9 @@ class FSDPState {
 
  private:
   void build_groups();
-  void build_units();
+  // Units in plan_units order; `deferred` lists the modules without storage
+  // yet (dtrain/deferred_init.h), materialised unit by unit.
+  void build_units(const std::vector<DeferredModule>& deferred);
   void install_gradient_hooks();
   void remove_gradient_hooks();
   void hook_outputs(Unit& unit, const torch::Tensor& output);

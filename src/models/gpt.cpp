@@ -27,26 +27,12 @@ void check_config(const GPTConfig& c) {
     throw std::invalid_argument("GPTConfig: dropout must be in [0, 1), got " + std::to_string(c.dropout));
 }
 
-// GPT-2's initialisation. LibTorch's defaults (Kaiming-uniform Linear,
-// N(0, 1) Embedding) would make the tied head's initial logits far too large.
-void init_gpt2_weights(torch::nn::Module& model) {
-  torch::NoGradGuard no_grad;
-  for (auto& module : model.modules(/*include_self=*/false)) {
-    if (auto* linear = module->as<torch::nn::Linear>()) {
-      torch::nn::init::normal_(linear->weight, 0.0, 0.02);
-      if (linear->bias.defined()) torch::nn::init::zeros_(linear->bias);
-    } else if (auto* embedding = module->as<torch::nn::Embedding>()) {
-      torch::nn::init::normal_(embedding->weight, 0.0, 0.02);
-    }
-  }
-}
-
 }  // namespace
 
 GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
   check_config(config_);
-  wte_ = register_module("wte", torch::nn::Embedding(config_.vocab_size, config_.n_embd));
-  wpe_ = register_module("wpe", torch::nn::Embedding(config_.seq_len, config_.n_embd));
+  wte_ = register_module("wte", deferred(torch::nn::Embedding(config_.vocab_size, config_.n_embd)));
+  wpe_ = register_module("wpe", deferred(torch::nn::Embedding(config_.seq_len, config_.n_embd)));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config_.n_layer; ++i) {
     // Each block is an FSDP unit, entered through its Sharded<> holder
@@ -54,11 +40,27 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
     block_calls_.emplace_back(GPTBlock(config_).ptr());
     blocks_->push_back(block_calls_.back());
   }
-  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{config_.n_embd})));
-  init_gpt2_weights(*this);
+  ln_f_ = register_module(
+      "ln_f", deferred(torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{config_.n_embd}))));
+  initialize_unless_deferred(*this);
+}
+
+// GPT-2's initialisation. LibTorch's defaults (Kaiming-uniform Linear,
+// N(0, 1) Embedding) would make the tied head's initial logits far too large.
+void GPTImpl::init_module(const std::string& /*name*/, torch::nn::Module& module, at::Generator& generator) {
+  torch::NoGradGuard no_grad;
+  if (auto* linear = module.as<torch::nn::Linear>()) {
+    linear->weight.normal_(0.0, 0.02, generator);
+    if (linear->bias.defined()) linear->bias.zero_();
+  } else if (auto* embedding = module.as<torch::nn::Embedding>()) {
+    embedding->weight.normal_(0.0, 0.02, generator);
+  } else {
+    default_init(module, generator);
+  }
 }
 
 torch::Tensor GPTImpl::forward(torch::Tensor tokens) {
+  check_materialized(wte_->weight, "GPT");
   TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong,
               "GPT: expected int64 tokens of shape [B,T], got ", tokens.scalar_type(), " ", tokens.sizes());
   const int64_t T = tokens.size(1);

@@ -8,14 +8,14 @@ namespace dtrain::models {
 
 GPTBlockImpl::GPTBlockImpl(const GPTConfig& config) : n_head_(config.n_head), dropout_(config.dropout) {
   const int64_t C = config.n_embd;
-  auto layer_norm = [C] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{C})); };
+  auto layer_norm = [C] { return deferred(torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{C}))); };
   // Registered in forward order (see CNNImpl for why).
   ln_1_ = register_module("ln_1", layer_norm());
-  qkv_ = register_module("qkv", torch::nn::Linear(C, 3 * C));  // one matmul for q, k and v
-  attn_proj_ = register_module("attn_proj", torch::nn::Linear(C, C));
+  qkv_ = register_module("qkv", deferred(torch::nn::Linear(C, 3 * C)));  // one matmul for q, k and v
+  attn_proj_ = register_module("attn_proj", deferred(torch::nn::Linear(C, C)));
   ln_2_ = register_module("ln_2", layer_norm());
-  mlp_fc_ = register_module("mlp_fc", torch::nn::Linear(C, 4 * C));
-  mlp_proj_ = register_module("mlp_proj", torch::nn::Linear(4 * C, C));
+  mlp_fc_ = register_module("mlp_fc", deferred(torch::nn::Linear(C, 4 * C)));
+  mlp_proj_ = register_module("mlp_proj", deferred(torch::nn::Linear(4 * C, C)));
 }
 
 torch::Tensor GPTBlockImpl::forward(torch::Tensor x) {

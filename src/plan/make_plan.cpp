@@ -4,6 +4,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -13,6 +14,8 @@ namespace dtrain::plan {
 int64_t MemoryBreakdown::total() const {
   return parameters + gathered_parameters + gradients + reduction_buffers + optimizer_state + activations;
 }
+
+int64_t Plan::overall_peak_bytes() const { return std::max(peak.total(), construction.total()); }
 
 void set_strategy(PlanOptions& options, const std::string& name) {
   static const std::map<std::string, Sharding> sharded = {
@@ -115,6 +118,7 @@ Plan make_plan(const ModelSpec& model, const PlanOptions& options) {
         {unit.name, flat.numel, flat.padded, flat.shard, gathered ? flat.padded * layout.compute_bytes : 0});
   }
   detail::simulate_step(model, layout, options.fsdp, plan);
+  detail::simulate_construction(model, layout, options.init_from, plan);
   detail::count_collectives(model, layout, plan);
   return plan;
 }

@@ -36,6 +36,9 @@ FlatLayout flat_layout(const UnitSpec& unit, const Layout& layout);
 // max_units_gathered and largest_unit_gathered_bytes.
 void simulate_step(const ModelSpec& model, const Layout& layout, const FSDPOptions& fsdp, Plan& plan);
 
+// Replays the start of a run; fills construction and construction_moment.
+void simulate_construction(const ModelSpec& model, const Layout& layout, bool init_from, Plan& plan);
+
 // Fills collectives, payload_bytes_per_step and wire_bytes_per_step.
 void count_collectives(const ModelSpec& model, const Layout& layout, Plan& plan);
 

@@ -21,8 +21,14 @@ void load_initial_weights(torch::nn::Module& module, const std::string& path) {
 
 void check_init_from(const TrainConfig& config) {
   if (config.init_from.empty()) return;
-  const train::Model model = train::build_model(config);
-  train::load_initial_weights(*model.module, config.init_from);
+  // Deferred: the model's names, shapes and dtypes without its memory, and
+  // only the file's header.
+  const train::Model model = train::build_model(config, /*deferred=*/true);
+  try {
+    check_safetensors_fits(*model.module, config.init_from);
+  } catch (const std::runtime_error& error) {
+    throw std::invalid_argument(std::string("--init-from: ") + error.what());
+  }
 }
 
 }  // namespace dtrain

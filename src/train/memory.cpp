@@ -20,6 +20,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace dtrain::memory {
 namespace {
@@ -58,16 +59,25 @@ std::string rank_from_environment() {
   return "0";
 }
 
+std::mutex g_phase_mutex;
+std::string g_phase, g_advice;  // guarded by g_phase_mutex
+
 void check_limit(int64_t bytes) {
   const int64_t limit = g_limit_bytes.load(std::memory_order_relaxed);
   if (limit <= 0) return;
   const int64_t live = g_live_bytes.load(std::memory_order_relaxed);
   if (live + bytes <= limit) return;
-  TORCH_CHECK_WITH(OutOfMemoryError, false, "dtrain: rank ", rank_from_environment(),
-                   " is out of memory: a tensor of ", bytes, " bytes would bring this rank's live tensor memory to ",
-                   live + bytes, " bytes, over its cap of ", limit,
-                   " bytes (DTRAIN_MEMORY_CAP_MB). Shard the model (--strategy fsdp), use more ranks, a smaller "
-                   "batch, or raise the cap.");
+  std::string phase, advice;
+  {
+    std::lock_guard<std::mutex> lock(g_phase_mutex);
+    phase = g_phase;
+    advice = g_advice;
+  }
+  if (advice.empty()) advice = "Shard the model (--strategy fsdp), use more ranks, a smaller batch, or raise the cap.";
+  TORCH_CHECK_WITH(OutOfMemoryError, false, "dtrain: rank ", rank_from_environment(), " is out of memory",
+                   phase.empty() ? "" : " during the " + phase, ": a tensor of ", bytes,
+                   " bytes would bring this rank's live tensor memory to ", live + bytes, " bytes, over its cap of ",
+                   limit, " bytes (DTRAIN_MEMORY_CAP_MB). ", advice);
 }
 
 class TrackingAllocator final : public c10::Allocator {
@@ -125,6 +135,30 @@ int64_t live_bytes() { return g_live_bytes.load(std::memory_order_relaxed); }
 int64_t peak_bytes() { return g_peak_bytes.load(std::memory_order_relaxed); }
 
 void reset_peak() { g_peak_bytes.store(g_live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+
+Phase::Phase(std::string what, std::optional<std::string> advice) {
+  std::lock_guard<std::mutex> lock(g_phase_mutex);
+  previous_what_ = std::exchange(g_phase, std::move(what));
+  previous_advice_ = g_advice;
+  if (advice) g_advice = std::move(*advice);
+}
+
+Phase::~Phase() {
+  std::lock_guard<std::mutex> lock(g_phase_mutex);
+  g_phase = std::move(previous_what_);
+  g_advice = std::move(previous_advice_);
+}
+
+void set_phase(std::string what, std::optional<std::string> advice) {
+  std::lock_guard<std::mutex> lock(g_phase_mutex);
+  g_phase = std::move(what);
+  if (advice) g_advice = std::move(*advice);
+}
+
+std::string current_phase() {
+  std::lock_guard<std::mutex> lock(g_phase_mutex);
+  return g_phase;
+}
 
 int64_t peak_rss_bytes() {
   std::ifstream status("/proc/self/status");

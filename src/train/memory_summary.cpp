@@ -9,10 +9,8 @@
 #include <cstdio>
 
 namespace dtrain::train {
-namespace {
 
-// Rank 0's plan (it holds the most) for `strategy` on `world_size` ranks.
-int64_t planned_peak(const TrainConfig& config, const std::string& strategy, int world_size) {
+plan::Plan plan_for(const TrainConfig& config, const std::string& strategy, int world_size) {
   plan::PlanOptions options;
   plan::set_strategy(options, strategy);
   if (strategy != "ddp") {
@@ -22,28 +20,51 @@ int64_t planned_peak(const TrainConfig& config, const std::string& strategy, int
   options.world_size = world_size;
   options.rank = 0;
   options.optimizer = plan::optimizer_from(config.optimizer, config.momentum);
+  options.init_from = !config.init_from.empty();
   const int64_t batch_per_rank = (config.batch_size + world_size - 1) / world_size;
   const auto compute = strategy == "ddp" ? torch::kFloat32 : options.fsdp.mixed_precision.param_dtype;
   const auto model = plan::describe_model(config.model, gpt_config(config), config.mlp_hidden, batch_per_rank, compute);
-  return plan::make_plan(model, options).peak.total();
+  return plan::make_plan(model, options);
 }
 
-}  // namespace
+std::string construction_advice(const TrainConfig& config, int world_size) {
+  const std::string plan_command = "`dtrain plan` with this run's flags shows the start's peak next to a step's";
+  if (builds_deferred(config.strategy)) {
+    return "Each rank builds only its shards of the model (plus one module at full size at a time): use more ranks "
+           "(--nproc), or raise the cap; " + plan_command + ".";
+  }
+  return "Under --strategy " + config.strategy + " every rank builds the whole model" +
+         (world_size > 1 ? " and receives rank 0's copy of it" : std::string()) +
+         ": shard it (--strategy fsdp builds each unit straight into this rank's shards), or raise the cap; " +
+         plan_command + ".";
+}
 
-std::optional<std::string> memory_summary(const TrainConfig& config, int world_size,
-                                          const std::vector<int64_t>& peak_bytes_per_rank) {
-  if (config.strategy == "single" || config.strategy == "ddp" || peak_bytes_per_rank.empty()) return std::nullopt;
+std::string step_advice(const TrainConfig& config) {
+  if (builds_deferred(config.strategy)) {
+    const std::string full_sharding = config.strategy == "zero1" || config.strategy == "zero2"
+                                          ? "--strategy fsdp (it frees each unit's gathered weights after its forward), "
+                                          : "";
+    return "Use " + full_sharding + "more ranks (--nproc), a smaller --batch-size, --mixed-precision bf16, or raise the "
+           "cap; `dtrain plan` shows what each moment of a step holds.";
+  }
+  return "Shard the model (--strategy fsdp), use more ranks, a smaller --batch-size, or raise the cap.";
+}
+
+std::optional<std::string> memory_summary(const TrainConfig& config, int world_size, const TrainResult& result) {
+  if (config.strategy == "single" || config.strategy == "ddp" || result.peak_memory_bytes_per_rank.empty())
+    return std::nullopt;
   try {
-    const int64_t measured = *std::max_element(peak_bytes_per_rank.begin(), peak_bytes_per_rank.end());
-    const int64_t planned = planned_peak(config, config.strategy, world_size);
-    const int64_t ddp = planned_peak(config, "ddp", world_size);
+    const plan::Plan planned = plan_for(config, config.strategy, world_size);
+    const int64_t ddp = plan_for(config, "ddp", world_size).overall_peak_bytes();
+    const int64_t measured = result.peak_memory_bytes;
     char ratio[32];
     std::snprintf(ratio, sizeof ratio, "%.2fx", static_cast<double>(ddp) / static_cast<double>(std::max<int64_t>(measured, 1)));
-    // The measured peak also covers evaluation and sampling; the plan is of one training step.
+    // The measured step peak also covers evaluation and sampling; the plan is of one training step.
     return "memory per rank: " + format_bytes(measured) + " at most (" + config.strategy + " on " +
-           std::to_string(world_size) + " ranks; dtrain plan predicted " + format_bytes(planned) +
-           " for a training step); DDP would need " + format_bytes(ddp) + " per rank (dtrain plan), " + ratio +
-           " as much";
+           std::to_string(world_size) + " ranks: start " + format_bytes(result.construction_peak_bytes) + ", steps " +
+           format_bytes(result.step_peak_bytes) + "; dtrain plan predicted start " +
+           format_bytes(planned.construction.total()) + ", a training step " + format_bytes(planned.peak.total()) +
+           "); DDP would need " + format_bytes(ddp) + " per rank (dtrain plan), " + ratio + " as much";
   } catch (const std::exception&) {
     return std::nullopt;  // a configuration the planner does not describe: say nothing rather than guess
   }

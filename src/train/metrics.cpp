@@ -25,6 +25,8 @@ nlohmann::ordered_json final_record(const TrainConfig& config, const TrainResult
           {"parameters", parameters},
           {"step_time_s_median", result.step_time_s_median},
           {"peak_memory_bytes", result.peak_memory_bytes},
+          {"construction_peak_bytes", result.construction_peak_bytes},
+          {"step_peak_bytes", result.step_peak_bytes},
           {"peak_memory_bytes_per_rank", result.peak_memory_bytes_per_rank},
           {"peak_rss_bytes", result.peak_rss_bytes},
           {"resumed_from_step", result.resumed_from_step},

@@ -2,11 +2,18 @@
 
 #include <torch/nn/functional/loss.h>
 
+#include <optional>
 #include <stdexcept>
 
 namespace dtrain::train {
 
-Model build_model(const TrainConfig& config) {
+bool builds_deferred(const std::string& strategy) {
+  return strategy == "zero1" || strategy == "zero2" || strategy == "fsdp" || strategy == "hsdp";
+}
+
+Model build_model(const TrainConfig& config, bool deferred) {
+  std::optional<DeferredConstruction> deferring;
+  if (deferred) deferring.emplace();
   Model model;
   if (config.model == "mlp") {
     models::MLP mlp(config.mlp_hidden, config.dropout);

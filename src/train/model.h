@@ -24,8 +24,14 @@ struct Model {
 };
 
 // Builds config.model from LibTorch's default generator: seed it first
-// (torch::manual_seed) so that every rank builds the same weights.
-Model build_model(const TrainConfig& config);
+// (torch::manual_seed) so that every rank builds the same weights. With
+// `deferred`, the parameters get no storage (dtrain/deferred_init.h): the
+// sharded strategies materialise each unit straight into its shards.
+Model build_model(const TrainConfig& config, bool deferred = false);
+
+// Whether `strategy` (zero1, zero2, fsdp, hsdp) shards the model, and so
+// builds it deferred.
+bool builds_deferred(const std::string& strategy);
 
 // The GPT that --gpt-layers, --gpt-dim, --gpt-heads, --seq-len, --dropout describe.
 models::GPTConfig gpt_config(const TrainConfig& config);

@@ -52,6 +52,7 @@ class PlainForward final : public Strategy {
   CheckpointManifest load(const std::string&, torch::optim::Optimizer&) override {
     throw std::logic_error("ps workers do not load checkpoints");
   }
+  void load_initial_weights(const std::string& path) override { train::load_initial_weights(*model_.module, path); }
 
  private:
   Model& model_;

@@ -3,6 +3,7 @@
 #include "dtrain/comm_hooks.h"
 #include "dtrain/ddp.h"
 #include "dtrain/fsdp.h"
+#include "train/initial_weights.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -50,6 +51,7 @@ class SingleProcess final : public Strategy {
   CheckpointManifest load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
     return load_checkpoint(dir, *model_.module, &optimizer);
   }
+  void load_initial_weights(const std::string& path) override { train::load_initial_weights(*model_.module, path); }
 
  private:
   Model& model_;
@@ -76,6 +78,7 @@ class DataParallel final : public Strategy {
   CheckpointManifest load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
     return load_checkpoint(dir, *model_.module, &optimizer, world_);
   }
+  void load_initial_weights(const std::string& path) override { train::load_initial_weights(*model_.module, path); }
 
  private:
   Model& model_;
@@ -101,6 +104,13 @@ class FullySharded final : public Strategy {
   }
   CheckpointManifest load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
     return load_checkpoint(dir, fsdp_, &optimizer);
+  }
+  void load_initial_weights(const std::string& path) override {
+    try {
+      load_safetensors_into(fsdp_, path);
+    } catch (const std::runtime_error& error) {
+      throw std::invalid_argument(std::string("--init-from: ") + error.what());
+    }
   }
 
  private:

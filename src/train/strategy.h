@@ -52,6 +52,11 @@ class Strategy {
   virtual void save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step,
                     const std::map<std::string, std::string>& extra) = 0;
   virtual CheckpointManifest load(const std::string& dir, torch::optim::Optimizer& optimizer) = 0;
+
+  // --init-from: the weights of a safetensors file (sharded strategies read
+  // only this rank's pieces of it). Throws std::invalid_argument
+  // "--init-from: ..." for a file that does not fit the model.
+  virtual void load_initial_weights(const std::string& path) = 0;
 };
 
 struct StrategyOptions {

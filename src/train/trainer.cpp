@@ -188,14 +188,19 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
   memory::reset_peak();
   auto training_bytes = [baseline] { return std::max<int64_t>(0, memory::peak_bytes() - baseline); };
 
+  // Construction: the sharded strategies build the model deferred and
+  // materialise each unit straight into this rank's shards, so no rank holds
+  // the whole model (dtrain/deferred_init.h); single and ddp hold a replica.
+  const bool deferred = train::builds_deferred(config.strategy);
+  memory::set_phase("construction of the model", train::construction_advice(config, world_size));
   torch::manual_seed(config.seed);  // the same weights on every rank
-  train::Model model = train::build_model(config);
-  if (!config.init_from.empty()) {
-    train::load_initial_weights(*model.module, config.init_from);
-    memory::reset_peak();  // the file's tensors are freed again: not training's memory (the model still counts)
-  }
+  train::Model model = train::build_model(config, deferred);
   auto strategy = train::wrap_model(
       model, {.name = config.strategy, .compress = config.compress, .mixed_precision = config.mixed_precision}, world);
+  if (!config.init_from.empty()) {
+    memory::set_phase("load of --init-from " + config.init_from);
+    strategy->load_initial_weights(config.init_from);
+  }
   // Dropout then draws different masks on each rank, as on different samples.
   torch::manual_seed(config.seed + 1 + static_cast<uint64_t>(rank));
   auto optimizer = train::make_optimizer(
@@ -260,6 +265,14 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
   std::optional<train::StopSignals> stop_signals;
   if (!config.checkpoint_dir.empty()) stop_signals.emplace();
 
+  // Everything up to here (construction, --init-from, --resume) is the
+  // start's peak; the steps' peak is measured from here on.
+  auto construction_peaks = torch::zeros({world_size}, torch::kFloat64);
+  construction_peaks[rank] = static_cast<double>(training_bytes());
+  world->all_reduce(construction_peaks, ReduceOp::Sum)->wait();
+  memory::reset_peak();
+  const std::string step_advice = train::step_advice(config);
+
   result.world_size = world_size;
   std::vector<double> step_times;
   std::deque<double> recent;  // the last step times, for rate and ETA
@@ -299,11 +312,13 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
     optimizer->zero_grad();
     torch::Tensor local_sum;
     {
+      memory::set_phase("forward", step_advice);
       trace::Span span("forward", trace::category::compute);
       local_sum = train::per_sample_loss(strategy->forward(part.inputs), part.targets).sum();
     }
     if (step + 1 == config.debug_nan_at_step && rank == 0) local_sum = local_sum * std::nan("");
     {
+      memory::set_phase("backward");
       trace::Span span("backward", trace::category::compute);
       // See Note [global batch loss].
       (local_sum * (static_cast<double>(world_size) / static_cast<double>(batch))).backward();
@@ -319,6 +334,7 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
       skipped = !std::isfinite(global_sum.item<double>()) || !std::isfinite(grad_norm);
     }
     if (!skipped) {
+      memory::set_phase("optimizer step");
       trace::Span span("optimizer_step", trace::category::compute);
       strategy->optimizer_step(*optimizer);
     }
@@ -379,6 +395,7 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
       break;
     }
     if (config.eval_every > 0 && done % config.eval_every == 0 && done != total) {
+      memory::set_phase("evaluation");
       const train::Evaluation evaluation = run_evaluation();
       if (printing) progress.message("eval at step " + std::to_string(done) + ": " + format_eval(evaluation));
       metrics.write(eval_record(done, evaluation));
@@ -398,6 +415,7 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
   const bool stopped = result.stopped_by_signal != 0;
   std::optional<train::Evaluation> final_eval;
   if (!stopped) {
+    memory::set_phase("final evaluation");
     final_eval = run_evaluation();
     metrics.write(eval_record(total, *final_eval));
   }
@@ -418,6 +436,13 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
     result.eval_accuracy = final_eval->accuracy;
   }
   result.step_time_s_median = train::median(step_times);
+  result.step_peak_bytes = *std::max_element(peaks.begin(), peaks.end());
+  for (int r = 0; r < world_size; ++r) {
+    result.construction_peak_bytes = std::max(result.construction_peak_bytes,
+                                              static_cast<int64_t>(construction_peaks[r].item<double>()));
+    peaks[static_cast<size_t>(r)] = std::max(peaks[static_cast<size_t>(r)],
+                                             static_cast<int64_t>(construction_peaks[r].item<double>()));
+  }
   result.peak_memory_bytes_per_rank = peaks;
   result.peak_memory_bytes = *std::max_element(peaks.begin(), peaks.end());
   result.peak_rss_bytes = static_cast<int64_t>(rss.max().item<double>());
@@ -461,7 +486,7 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
     text << " in " << train::format_duration(train_seconds) << " (median step "
          << result.step_time_s_median << " s); peak memory per rank " << per_rank_bytes(peaks) << ", peak RSS "
          << train::format_bytes(result.peak_rss_bytes) << "\n";
-    if (auto memory = train::memory_summary(config, world_size, peaks)) text << *memory << "\n";
+    if (auto memory = train::memory_summary(config, world_size, result)) text << *memory << "\n";
     std::cout << text.str() << std::flush;
   }
   return result;
