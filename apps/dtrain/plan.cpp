@@ -89,6 +89,7 @@ Resolved resolve(const PlanFlags& f) {
                                                                      : BackwardPrefetch::None;
   r.options.fsdp.max_inflight_all_gathers = f.max_inflight_all_gathers;
   r.options.fsdp.max_inflight_reductions = f.max_inflight_reductions;
+  r.options.init_from = !f.init_from.empty();
   r.optimizer = f.optimizer.empty() ? (gpt ? "adamw" : "sgd") : f.optimizer;
   r.options.optimizer = plan::optimizer_from(r.optimizer, f.momentum);
 
@@ -213,6 +214,9 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
   cmd->add_option("--forward-prefetch", f.forward_prefetch, "FSDP forward prefetch: true | false")->capture_default_str();
   cmd->add_option("--backward-prefetch", f.backward_prefetch, "FSDP backward prefetch: pre | post | none")
       ->check(CLI::IsMember({"pre", "post", "none"}))->capture_default_str();
+  cmd->add_option("--init-from", f.init_from,
+                  "The run's --init-from FILE.safetensors: the start then reads it (DDP: all of it next to the replica; "
+                  "sharded: only this rank's pieces)");
   cmd->add_option("--max-inflight-all-gathers", f.max_inflight_all_gathers, "FSDP all-gathers issued ahead")
       ->check(at_least(1))->capture_default_str();
   cmd->add_option("--max-inflight-reductions", f.max_inflight_reductions,

@@ -32,6 +32,7 @@ struct PlanFlags {
   std::string backward_prefetch = "pre";  // pre | post | none
   int max_inflight_all_gathers = 2;
   int max_inflight_reductions = 1;
+  std::string init_from;  // --init-from: the weights come from this safetensors file (only its presence matters)
   int rank = 0;
   bool json = false;
 };

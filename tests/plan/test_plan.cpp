@@ -3,6 +3,7 @@
 // the tracking allocator measures on the same run. Runs on 1 and 2 ranks.
 #include <dtrain/ddp.h>
 #include <dtrain/fsdp.h>
+#include <dtrain/deferred_init.h>
 #include <dtrain/memory.h>
 #include <dtrain/models.h>
 #include <dtrain/plan.h>
@@ -14,6 +15,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -198,6 +200,57 @@ TEST(Measured, PeakMatchesThePlanForEveryStrategy) {
     EXPECT_NEAR(ratio, 1.0, 0.05) << strategy << " on " << world().size() << " rank(s): measured " << measured
                                   << " bytes, planned " << predicted.peak.total() << " at "
                                   << predicted.peak_moment;
+  }
+}
+
+// The start's plan against the tracking allocator: building a model the
+// way dtrain train does (deferred under the sharded strategies) and wrapping
+// it. The start has no activation estimate, so the plan is exact (a few
+// bytes of rank agreement aside).
+TEST(Measured, StartPeakMatchesThePlan) {
+  dtrain::memory::install_tracking_allocator();
+  dtrain::models::GPTConfig config;
+  config.n_layer = 3;
+  config.n_embd = 96;
+  config.n_head = 4;
+  config.seq_len = 32;
+  const std::vector<int64_t> hidden{300, 70};
+  for (const std::string model_name : {"gpt", "mlp", "cnn"}) {
+    const auto spec = plan::describe_model(model_name, config, hidden, 2, torch::kFloat32);
+    for (const std::string strategy : {"ddp", "zero1", "zero2", "fsdp"}) {
+      world().barrier()->wait();
+      const int64_t before = dtrain::memory::live_bytes();
+      dtrain::memory::reset_peak();
+      {
+        torch::manual_seed(0);
+        std::shared_ptr<torch::nn::Module> model;
+        {
+          std::optional<dtrain::DeferredConstruction> deferred;
+          if (strategy != "ddp") deferred.emplace();
+          model = model_name == "gpt"   ? dtrain::models::GPT(config).ptr()
+                  : model_name == "mlp" ? std::shared_ptr<torch::nn::Module>(dtrain::models::MLP(hidden).ptr())
+                                        : dtrain::models::CNN().ptr();
+        }
+        plan::PlanOptions resolved;
+        plan::set_strategy(resolved, strategy);
+        std::unique_ptr<dtrain::DistributedDataParallelBase> ddp;
+        std::unique_ptr<dtrain::FullyShardedBase> fsdp;
+        if (strategy == "ddp") ddp = std::make_unique<dtrain::DistributedDataParallelBase>(model, world_ptr(), dtrain::DDPOptions{});
+        else fsdp = std::make_unique<dtrain::FullyShardedBase>(model, world_ptr(), resolved.fsdp);
+      }
+      const int64_t measured = dtrain::memory::peak_bytes() - before;
+      plan::PlanOptions options;
+      plan::set_strategy(options, strategy);
+      options.world_size = world().size();
+      options.rank = world().rank();
+      const auto predicted = plan::make_plan(spec, options).construction.total();
+      if (world().rank() == 0)
+        std::printf("  %s %-5s %d rank(s): start measured %lld bytes, planned %lld\n", model_name.c_str(),
+                    strategy.c_str(), world().size(), static_cast<long long>(measured),
+                    static_cast<long long>(predicted));
+      EXPECT_NEAR(static_cast<double>(measured), static_cast<double>(predicted), 0.01 * static_cast<double>(predicted))
+          << model_name << " " << strategy << " on " << world().size() << " rank(s)";
+    }
   }
 }
 

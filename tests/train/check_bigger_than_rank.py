@@ -18,6 +18,10 @@ any tensor beyond it), for a model whose fp32 parameters alone are at least
   names the phase it ran out in, and with a non-zero exit; DDP and single
   run out while building the model.
 fsdp must be among those that fit, or the test fails: that is its point.
+
+With --save-initial-weights TOOL (tests/train/save_initial_weights.cpp), fsdp
+also trains under the cap from --init-from a file of the same initial weights
+(each rank reads only its pieces of it), to the same losses.
 """
 
 import argparse
@@ -54,6 +58,7 @@ def main():
     parser.add_argument("dtrain")
     parser.add_argument("--cap-mb", type=float, required=True)
     parser.add_argument("--train-args", default="")
+    parser.add_argument("--save-initial-weights")
     parser.add_argument("model_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     model_args = [a for a in args.model_args if a != "--"]
@@ -115,6 +120,26 @@ def main():
                 fail("%s should run out while building the whole model" % strategy)
             say("%s does not fit (plan %d bytes) and stops with the cap's message" % (strategy,
                                                                                     plans[strategy]["peak_bytes"]))
+    if args.save_initial_weights:
+        weights = os.path.join(workdir, "initial.safetensors")
+        value = lambda flag: model_args[model_args.index(flag) + 1]
+        os.environ.pop("DTRAIN_MEMORY_CAP_MB", None)
+        run([args.save_initial_weights, weights, "0", "seeded", "gpt", value("--gpt-layers"), value("--gpt-dim"),
+             value("--gpt-heads"), value("--seq-len")])
+        os.environ["DTRAIN_MEMORY_CAP_MB"] = str(args.cap_mb)
+        path = os.path.join(workdir, "fsdp-init-from.jsonl")
+        run([args.dtrain, "train", "--strategy", "fsdp", "--nproc", str(NPROC), "--log-every", "1", "--metrics", path,
+             "--init-from", weights] + model_args + train_args)
+        records = read_metrics(path)
+        for step, (a, b) in enumerate(zip(reference, losses_of(records)), 1):
+            if abs(a - b) > 1e-4:
+                fail("fsdp --init-from under the cap: step %d loss %.8f, uncapped single process %.8f" % (step, b, a))
+        planned = plan(args.dtrain, "fsdp", model_args + ["--init-from", weights])["construction_peak_bytes"]
+        measured = records[-1]["construction_peak_bytes"]
+        if abs(measured - planned) > 0.01 * planned:
+            fail("fsdp --init-from: start peak %d bytes measured, %d planned" % (measured, planned))
+        say("fsdp trains under the cap from --init-from (%.1f MiB file, each rank reading its pieces): same losses, "
+            "start peak %d bytes (plan %d)" % (os.path.getsize(weights) / 2**20, measured, planned))
     say("PASS")
 
 

@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run_dtrain import fail, read_metrics, run  # noqa: E402,F401  (check_init_from imports them from here)
 
 FINAL_FIELDS = ["final", "steps", "loss", "eval_loss", "eval_accuracy", "world_size", "strategy",
-                "step_time_s_median", "peak_memory_bytes", "peak_memory_bytes_per_rank", "peak_rss_bytes"]
+                "step_time_s_median", "peak_memory_bytes", "peak_memory_bytes_per_rank", "peak_rss_bytes",
+                "construction_peak_bytes", "step_peak_bytes"]
 
 
 def train(dtrain, args, metrics_path):
@@ -59,6 +60,9 @@ def check_final(records, args):
     if len(per_rank) != final["world_size"] or max(per_rank) != final["peak_memory_bytes"] or min(per_rank) <= 0:
         fail("peak memory per rank %s does not fit world size %d and peak %d"
              % (per_rank, final["world_size"], final["peak_memory_bytes"]))
+    if final["peak_memory_bytes"] != max(final["construction_peak_bytes"], final["step_peak_bytes"]):
+        fail("peak_memory_bytes %d is not the larger of the start's %d and the steps' %d"
+             % (final["peak_memory_bytes"], final["construction_peak_bytes"], final["step_peak_bytes"]))
     if final["peak_rss_bytes"] < final["peak_memory_bytes"]:
         fail("peak RSS %d is below the tracked peak %d" % (final["peak_rss_bytes"], final["peak_memory_bytes"]))
     if args.expect_world_size is not None and final["world_size"] != args.expect_world_size:
