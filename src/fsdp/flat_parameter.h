@@ -14,7 +14,7 @@
 //   backward every parameter's data is its full-shape view of it. Freeing
 //   releases the storage's bytes but keeps the storage object, so tensors
 //   that autograd saved in forward see the values again once the buffer is
-//   refilled (see DESIGN.md, "set_data does NOT change what backward uses").
+//   refilled (docs/libtorch-notes.md, "set_data does not change what backward uses").
 #pragma once
 
 #include <torch/types.h>

@@ -104,10 +104,11 @@ TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
 
   torch::manual_seed(config.seed);  // the same layout everywhere; workers start from rank 0's values anyway
   Model model = build_model(config);
-  if (!config.init_from.empty()) {
-    load_initial_weights(*model.module, config.init_from);
-    memory::reset_peak();
-  }
+  if (!config.init_from.empty()) load_initial_weights(*model.module, config.init_from);
+  // The start (the whole model on every rank, and --init-from's file) is
+  // measured apart from the steps, as run_training does.
+  const int64_t start_bytes = training_bytes();
+  memory::reset_peak();
   const std::vector<torch::Tensor> parameters = model.module->parameters();
 
   TrainResult result;
@@ -220,13 +221,18 @@ TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
   }
 
   // Every rank's peak memory and RSS, servers included, and rank 0's time.
-  auto stats = torch::zeros({2 * world_size}, torch::kFloat64);
+  auto stats = torch::zeros({3 * world_size}, torch::kFloat64);
   stats[rank] = static_cast<double>(training_bytes());
   stats[world_size + rank] = static_cast<double>(memory::peak_rss_bytes());
+  stats[2 * world_size + rank] = static_cast<double>(start_bytes);
   world->all_reduce(stats, ReduceOp::Sum)->wait();
   result.peak_memory_bytes_per_rank.resize(static_cast<size_t>(world_size));
   for (int r = 0; r < world_size; ++r) {
-    result.peak_memory_bytes_per_rank[static_cast<size_t>(r)] = static_cast<int64_t>(stats[r].item<double>());
+    const auto steps = static_cast<int64_t>(stats[r].item<double>());
+    const auto start = static_cast<int64_t>(stats[2 * world_size + r].item<double>());
+    result.step_peak_bytes = std::max(result.step_peak_bytes, steps);
+    result.construction_peak_bytes = std::max(result.construction_peak_bytes, start);
+    result.peak_memory_bytes_per_rank[static_cast<size_t>(r)] = std::max(steps, start);
     result.peak_rss_bytes = std::max(result.peak_rss_bytes, static_cast<int64_t>(stats[world_size + r].item<double>()));
   }
   result.peak_memory_bytes =
