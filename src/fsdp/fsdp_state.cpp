@@ -2,6 +2,7 @@
 
 #include "ddp/replicas.h"
 #include "fsdp/activation_checkpoint.h"
+#include "fsdp/reduction_order.h"
 #include "fsdp/wrap_policy.h"
 
 #include <dtrain/deferred_init.h>
@@ -305,6 +306,12 @@ torch::Tensor FSDPState::forward_root(const std::function<torch::Tensor()>& forw
   const auto output_dtype = options_.mixed_precision.output_dtype;
   if (output.is_floating_point() && output.scalar_type() != output_dtype) output = output.to(output_dtype);
   root.set_state(TrainingState::ForwardDone);
+  eager_reductions_ = true;
+  if (sync_ && comm_->size() > 1 && output.requires_grad()) {
+    auto order = agree_on_reduction_order(*comm_, units_, this_forward_, output);
+    eager_reductions_ = order.eager;
+    used_anywhere_ = std::move(order.used_anywhere);
+  }
   hook_outputs(root, output);
   trace::sample_memory();
   return output;
@@ -371,9 +378,11 @@ void FSDPState::pre_backward(Unit& unit) {
 void FSDPState::on_gradient_ready(Unit& unit, size_t parameter) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (!unit.on_gradient_ready(parameter)) return;
-  if (sync_) bound_inflight_reductions();
-  unit.reduce_gradients(sync_);
-  if (sync_) reduce_order_.push_back(&unit);
+  // Ranks whose graphs differ keep the gradients until the end of backward.
+  const bool reduce_now = sync_ && eager_reductions_;
+  if (reduce_now) bound_inflight_reductions();
+  unit.reduce_gradients(reduce_now);
+  if (reduce_now) reduce_order_.push_back(&unit);
   unit.set_state(TrainingState::PostBackward);
   unit.reshard(free_after_backward());
   if (options_.backward_prefetch == BackwardPrefetch::Post) prefetch(neighbour_in_order(unit, -1));
@@ -406,10 +415,15 @@ void FSDPState::finalize_backward() {
       self->reduce_order_.clear();
       self->reductions_waited_ = 0;
       self->inflight_gathers_ = 0;
+      self->eager_reductions_ = true;
       for (auto& unit : self->units_) unit->set_state(TrainingState::Idle);
     }
   } reset{this};
 
+  if (sync_ && !eager_reductions_) {
+    reduce_in_unit_order();
+    return;
+  }
   // Units whose parameters did not all receive gradients (unused in the
   // loss) reduce what they have, in unit order (the same on every rank).
   for (auto& unit : units_) {
@@ -422,6 +436,25 @@ void FSDPState::finalize_backward() {
   }
   for (auto& unit : units_) unit->reshard(free_after_backward());
   for (Unit* unit : reduce_order_) unit->finish_gradients();
+}
+
+void FSDPState::reduce_in_unit_order() {
+  // Called from finalize_backward, which resets the step's state on exit.
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = *units_[u];
+    if (unit.expected_gradients() == 0 || u >= used_anywhere_.size() || !used_anywhere_[u]) continue;
+    const auto state = unit.state();
+    // A unit whose backward never ran here: its shard-shaped gradients from
+    // earlier (no_sync) micro-batches are set aside as pre_backward does.
+    if (state != TrainingState::PreBackward && state != TrainingState::PostBackward) unit.stash_shard_gradients();
+    bound_inflight_reductions();
+    unit.reduce_gradients(/*sync=*/true);
+    reduce_order_.push_back(&unit);
+    end_backward_span(unit);
+  }
+  for (auto& unit : units_) unit->reshard(free_after_backward());
+  for (Unit* unit : reduce_order_) unit->finish_gradients();
+  eager_reductions_ = true;
 }
 
 }  // namespace dtrain::detail

@@ -50,6 +50,9 @@ class FSDPState {
   void pre_backward(Unit& unit);
   void on_gradient_ready(Unit& unit, size_t parameter);
   void finalize_backward();
+  // The end of a backward whose ranks' graphs differ: every unit some rank
+  // used reduces now, in unit order.
+  void reduce_in_unit_order();
   // Records the unit's "unit_backward" span, if its backward was traced.
   void end_backward_span(Unit& unit);
   // Waits for the oldest reductions while max_inflight_reductions are outstanding.
@@ -72,6 +75,10 @@ class FSDPState {
   std::vector<Unit*> forward_order_;       // recorded in the first forward
   bool order_recorded_ = false;
   std::vector<Unit*> this_forward_;
+  // This step's backward: reduce as units complete, or (ranks' graphs
+  // differ) all at the end in unit order. Note [reduction order].
+  bool eager_reductions_ = true;
+  std::vector<char> used_anywhere_;
   std::vector<Unit*> reduce_order_;        // units whose reduction started, in issue order
   size_t reductions_waited_ = 0;           // reduce_order_[0 .. this) have finished
   int inflight_gathers_ = 0;
