@@ -3,11 +3,13 @@
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -124,6 +126,42 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// Every tensor's elements, overflow-checked, and its pieces over all files
+// covering [0, numel) exactly once: an overlap or a gap would hand the model
+// elements nobody wrote (issue 16). Checked before anything is allocated.
+void check_pieces_cover_tensors(const CheckpointManifest& manifest) {
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ranges;
+  for (const auto& [name, tensor] : manifest.tensors) ranges[name];
+  for (const auto& file : manifest.files) {
+    for (const auto& piece : file.pieces) {
+      auto it = ranges.find(piece.name);
+      if (it == ranges.end()) throw std::runtime_error(file.name + " holds unknown tensor '" + piece.name + "'");
+      if (piece.begin < piece.end) it->second.emplace_back(piece.begin, piece.end);
+    }
+  }
+  for (auto& [name, pieces] : ranges) {
+    const int64_t numel = numel_of(manifest.tensors.at(name).shape);
+    std::sort(pieces.begin(), pieces.end());
+    int64_t covered = 0;
+    for (const auto& [begin, end] : pieces) {
+      if (begin < covered) {
+        throw std::runtime_error("elements [" + std::to_string(begin) + ", " + std::to_string(std::min(end, covered)) +
+                                 ") of '" + name + "' are in more than one piece");
+      }
+      if (begin > covered) {
+        throw std::runtime_error("elements [" + std::to_string(covered) + ", " + std::to_string(begin) + ") of '" +
+                                 name + "' are in no piece");
+      }
+      covered = end;
+    }
+    if (covered > numel) throw std::runtime_error("pieces of '" + name + "' run beyond its " + std::to_string(numel) + " elements");
+    if (covered < numel) {
+      throw std::runtime_error("elements [" + std::to_string(covered) + ", " + std::to_string(numel) + ") of '" + name +
+                               "' are in no piece");
+    }
+  }
+}
+
 }  // namespace
 
 std::string file_record_to_json(const CheckpointManifest::File& file,
@@ -186,15 +224,7 @@ CheckpointManifest manifest_from_json(const std::string& text, const std::string
       throw std::runtime_error("lists " + std::to_string(manifest.files.size()) + " files for world size " +
                                std::to_string(manifest.world_size));
     }
-    for (const auto& file : manifest.files) {
-      for (const auto& piece : file.pieces) {
-        auto it = manifest.tensors.find(piece.name);
-        if (it == manifest.tensors.end()) throw std::runtime_error(file.name + " holds unknown tensor '" + piece.name + "'");
-        if (piece.end > numel_of(it->second.shape)) {
-          throw std::runtime_error(file.name + " holds elements of '" + piece.name + "' beyond its size");
-        }
-      }
-    }
+    check_pieces_cover_tensors(manifest);
     return manifest;
   } catch (const std::exception& error) {
     throw std::runtime_error(where + ": not a complete checkpoint manifest (" + error.what() +

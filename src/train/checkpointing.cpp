@@ -8,6 +8,7 @@
 #include <torch/types.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -28,7 +29,12 @@ std::optional<int64_t> step_of(const std::string& name) {
   const std::string digits = name.substr(std::char_traits<char>::length(kPrefix));
   if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
     return std::nullopt;
-  return std::stoll(digits);
+  // A name like step-99999999999999999999 is not a checkpoint of ours
+  // (more steps than an int64 holds): skipped, not a crash.
+  int64_t step = 0;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+  if (error != std::errc() || end != digits.data() + digits.size()) return std::nullopt;
+  return step;
 }
 
 // Every checkpoint directory in `dir` by step, newest last.

@@ -536,6 +536,37 @@ TEST(CheckpointManifest, OutOfRangeNumbersAreRejected) {
   }
 }
 
+// Issue 16: pieces must cover each tensor's elements exactly once. An
+// overlap used to pass the coverage count while another range stayed
+// unwritten; a tensor without pieces and an absurd shape skipped the checks.
+TEST(CheckpointManifest, PiecesCoverEachTensorExactlyOnce) {
+  auto manifest = [](const std::string& shape, const std::string& pieces) {
+    return R"({"format":"dtrain-sharded-checkpoint","format_version":1,"step":3,"world_size":2,"strategy":"fsdp",)"
+           R"("optimizer":"none","extra":{},"tensors":{"w":{"dtype":"float32","shape":)" + shape +
+           R"(}},"files":[{"name":"rank-00000-of-00002.safetensors","bytes":8,"xxh64":"0123456789abcdef","pieces":[)" +
+           pieces + R"(]},{"name":"rank-00001-of-00002.safetensors","bytes":8,"xxh64":"0123456789abcdef","pieces":[]}]})";
+  };
+  EXPECT_NO_THROW(dtrain::detail::manifest_from_json(manifest("[4]", R"(["w",0,2],["w",2,4])"), "m"));
+  EXPECT_NO_THROW(dtrain::detail::manifest_from_json(manifest("[0]", ""), "m"));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {manifest("[4]", R"(["w",0,2],["w",1,4])"), "elements [1, 2) of 'w' are in more than one piece"},
+      {manifest("[4]", R"(["w",0,2],["w",0,2],["w",2,4])"), "elements [0, 2) of 'w' are in more than one piece"},
+      {manifest("[4]", R"(["w",0,1],["w",2,4])"), "elements [1, 2) of 'w' are in no piece"},
+      {manifest("[4]", R"(["w",0,2])"), "elements [2, 4) of 'w' are in no piece"},
+      {manifest("[4]", R"(["w",0,6])"), "pieces of 'w' run beyond its 4 elements"},
+      {manifest("[2147483648, 2147483648]", ""), "elements [0, 4611686018427387904) of 'w' are in no piece"},
+      {manifest("[4]", R"(["v",0,4])"), "holds unknown tensor 'v'"},
+  };
+  for (const auto& [text, expected] : cases) {
+    try {
+      dtrain::detail::manifest_from_json(text, "m");
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const std::runtime_error& error) {
+      EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+    }
+  }
+}
+
 // The committed fuzz corpus (make fuzz): every input parses or is rejected
 // with std::runtime_error, never anything else.
 TEST(CheckpointManifest, FuzzCorpusParsesOrIsRejected) {
