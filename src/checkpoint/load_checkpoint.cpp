@@ -153,6 +153,26 @@ CheckpointManifest load_held(const std::string& dir, const detail::HeldModel& he
       problems += "; the checkpoint holds " + manifest.optimizer + " optimizer state but the optimizer is " + kind +
                   (manifest.optimizer == "none" ? " (pass nullptr to load the model alone)" : "");
     }
+    // Optimizer state is complete for its optimizer, or absent: a parameter
+    // with some fields but not all would fail half-way through the writes.
+    if (optimizer) {
+      const auto keys = detail::optimizer_state_keys(kind);
+      for (const auto& tensor : held.tensors) {
+        if (!tensor.parameter.defined()) continue;
+        std::vector<std::string> present, missing;
+        for (const auto& key : keys) {
+          const bool optional = key == "max_exp_avg_sq";  // AdamW without amsgrad keeps none
+          (manifest.tensors.count(detail::optimizer_state_name(tensor.name, key)) ? present : missing)
+              .push_back(key);
+          if (optional && !missing.empty() && missing.back() == key) missing.pop_back();
+        }
+        if (!present.empty() && !missing.empty()) {
+          std::string fields;
+          for (const auto& key : missing) fields += (fields.empty() ? "" : ", ") + key;
+          problems += "; the " + kind + " state of '" + tensor.name + "' lacks " + fields;
+        }
+      }
+    }
     if (!problems.empty()) throw std::runtime_error(dir + " does not match the model" + problems);
 
     CheckpointReader reader(dir, manifest);

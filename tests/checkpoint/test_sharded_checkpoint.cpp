@@ -15,6 +15,8 @@
 #include <dtrain/ddp.h>
 #include <dtrain/fsdp.h>
 
+#include "checkpoint/manifest.h"
+
 #include "../common/multirank_gtest.h"
 #include "../ddp/ddp_test_support.h"
 #include "../fsdp/fsdp_test_models.h"
@@ -319,6 +321,36 @@ TEST(Damage, MismatchedModelOrOptimizerIsRefused) {
   EXPECT_NE(error.find("does not match the model"), std::string::npos) << error;
   EXPECT_NE(error.find("'1.weight' is [33, 64] in the checkpoint but [30, 64] in the model"), std::string::npos) << error;
   EXPECT_NE(error.find("the model lacks '3.weight'"), std::string::npos) << error;
+  remove_on_rank0(dir);
+}
+
+// Issue 16: AdamW state with some fields but not all (here: exp_avg of one
+// parameter dropped from the manifest) used to fail half-way through the
+// writes, after other parameters were overwritten. Now it is refused first
+// and nothing changes.
+TEST(Damage, IncompleteOptimizerStateChangesNothing) {
+  const std::string dir = shared_temp_dir("incomplete");
+  Trainee trainee("fsdp", "adamw", 5);
+  trainee.train_step(0);
+  trainee.save(dir, 1);
+  if (world().rank() == 0) {
+    auto manifest = dtrain::read_checkpoint_manifest(dir);
+    const std::string dropped = "optim/3.weight/exp_avg";
+    ASSERT_TRUE(manifest.tensors.erase(dropped)) << "the checkpoint has no " << dropped;
+    for (auto& file : manifest.files) {
+      std::erase_if(file.pieces, [&](const auto& piece) { return piece.name == dropped; });
+    }
+    std::ofstream(fs::path(dir) / "manifest.json", std::ios::trunc) << dtrain::detail::manifest_to_json(manifest);
+  }
+  world().barrier()->wait();
+
+  Trainee other("fsdp", "adamw", 6);
+  other.train_step(0);
+  const auto before = other.full_parameters();
+  const std::string error = error_of_load(other, dir);
+  EXPECT_NE(error.find("the adamw state of '3.weight' lacks exp_avg"), std::string::npos) << error;
+  std::string worst;
+  EXPECT_EQ(max_difference(other.full_parameters(), before, worst), 0.0) << "a refused load changed " << worst;
   remove_on_rank0(dir);
 }
 
