@@ -12,6 +12,7 @@
 #include <torch/utils.h>
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc 2.28)
 #include <unistd.h>
 
 #include <algorithm>
@@ -92,6 +93,37 @@ RankFile rank_file_of(const detail::HeldModel& held, torch::optim::Optimizer* op
   return file;
 }
 
+// Puts the finished `temporary` at `target`. Replacing an existing
+// checkpoint swaps the two directories in one atomic rename (Linux's
+// RENAME_EXCHANGE), so a crash at any moment leaves a complete checkpoint at
+// `target`, old or new; the old one, now at `temporary`, is removed after
+// (a crash before that leaves a .tmp folder --resume ignores and the next
+// save of that step removes). Where the filesystem cannot exchange, the old
+// one is renamed aside first, as before (a crash between the two renames
+// leaves it at TARGET.old-PID).
+void replace_directory(const fs::path& temporary, const fs::path& target) {
+  if (fs::exists(target)) {
+    if (::renameat2(AT_FDCWD, temporary.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+      fsync_path(target.parent_path().string());
+      fs::remove_all(temporary);
+      return;
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
+      throw std::runtime_error("cannot swap " + temporary.string() + " with " + target.string() + ": " +
+                               std::strerror(errno));
+    }
+    const fs::path aside = target.string() + ".old-" + std::to_string(::getpid());
+    fs::remove_all(aside);
+    fs::rename(target, aside);
+    fs::rename(temporary, target);
+    fsync_path(target.parent_path().string());
+    fs::remove_all(aside);
+    return;
+  }
+  fs::rename(temporary, target);
+  fsync_path(target.parent_path().string());
+}
+
 void save_held(const std::string& dir, const detail::HeldModel& held, torch::optim::Optimizer* optimizer, int64_t step,
                const CommPtr& comm, const std::map<std::string, std::string>& extra) {
   torch::NoGradGuard no_grad;
@@ -164,16 +196,7 @@ void save_held(const std::string& dir, const detail::HeldModel& held, torch::opt
       fsync_path(temporary.string());  // the rank files' directory entries
       write_whole_file((temporary / detail::kManifestName).string(), detail::manifest_to_json(manifest));
       fsync_path(temporary.string());
-      // Swap in: the old checkpoint is removed only once the new one is in place.
-      fs::path aside;
-      if (fs::exists(target)) {
-        aside = target.string() + ".old-" + std::to_string(::getpid());
-        fs::remove_all(aside);
-        fs::rename(target, aside);
-      }
-      fs::rename(temporary, target);
-      fsync_path(target.parent_path().string());
-      if (!aside.empty()) fs::remove_all(aside);
+      replace_directory(temporary, target);
     } catch (const std::exception& e) {
       error = "save_checkpoint: " + target.string() + ": " + e.what();
     }
