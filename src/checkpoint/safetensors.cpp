@@ -3,6 +3,7 @@
 // safetensors_format.{h,cpp} (see Note [safetensors layout] there).
 #include "dtrain/checkpoint.h"
 
+#include "checkpoint/disk_fault.h"
 #include "checkpoint/safetensors_format.h"
 
 #include <torch/nn/module.h>
@@ -87,7 +88,7 @@ class TempFile {
   void write(const void* data, size_t size) {
     const char* bytes = static_cast<const char*>(data);
     while (size > 0) {
-      const ssize_t written = ::write(fd_, bytes, std::min<size_t>(size, size_t{1} << 30));
+      const ssize_t written = detail::write_to_disk(fd_, bytes, std::min<size_t>(size, size_t{1} << 30));
       if (written < 0 && errno == EINTR) continue;
       if (written < 0) fail("writing " + temp_);
       bytes += written;

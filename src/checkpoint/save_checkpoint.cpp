@@ -1,6 +1,7 @@
 // Sharded save: every rank writes its pieces into DIR.tmp-STEP, rank 0 adds
 // the manifest last and renames the directory into place. See "sharded
 // checkpoints" in include/dtrain/checkpoint.h.
+#include "checkpoint/disk_fault.h"
 #include "checkpoint/held_state.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/rank_agreement.h"
@@ -41,7 +42,7 @@ void write_whole_file(const std::string& path, const std::string& text) {
   if (fd < 0) throw std::runtime_error(path + ": cannot create: " + std::strerror(errno));
   size_t done = 0;
   while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    const ssize_t n = detail::write_to_disk(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int saved = errno;

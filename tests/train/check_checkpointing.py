@@ -33,11 +33,11 @@ temporary folder, and compares per-step losses through the metrics files
         --seed and --steps names both differences.
 
     check_checkpointing.py disk-full DTRAIN -- TRAIN_ARGS...
-        --checkpoint-dir on a small tmpfs that holds one checkpoint but not
-        two: the second save fails with a message naming the step and the
-        cause, the first checkpoint stays complete, and no partial directory
-        is left behind. Needs root (mount); otherwise says SKIP and exits 77
-        (ctest reports it skipped).
+        A disk that holds one checkpoint but not two: the second save fails
+        with a message naming the step and the cause, the first checkpoint
+        stays complete, and no partial directory is left behind. Always on a
+        simulated full disk (DTRAIN_FAULT_DISK_BYTES makes the writers fail
+        with ENOSPC); with root, also on a small tmpfs.
 """
 
 import argparse
@@ -316,35 +316,47 @@ def check_damaged(dtrain, args, folder):
     compare_after(read_metrics(first), read_metrics(os.path.join(folder, "resumed.jsonl")), 20)
 
 
-# ctest's SKIP_RETURN_CODE for the disk-full check: a check that cannot run
-# here is reported as skipped, not passed.
-SKIP_EXIT_CODE = 77
+def expect_disk_full_handled(dtrain, args, checkpoints, env=None):
+    """Runs with checkpoints at steps 10, 20, 30 where the second cannot be written."""
+    command = [dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--checkpoint-every", "10", "--keep-last", "1"]
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        code, output = run(command, expect_code=None)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    if code == 0:
+        fail("the run succeeded although the second checkpoint cannot fit")
+    expected = "cannot write the checkpoint of step 20"
+    if expected not in output or "No space left on device" not in output or "step 10 is untouched" not in output:
+        fail("expected '%s ... No space left on device ... step 10 is untouched' in the output" % expected)
+    left = sorted(os.listdir(checkpoints))
+    if left != ["step-00000010"]:
+        fail("after the failed save the folder must hold exactly step-00000010, found %s" % left)
+    run([dtrain, "checkpoint", "inspect", os.path.join(checkpoints, "step-00000010")])
 
 
 def check_disk_full(dtrain, args, folder):
+    # Always: a simulated full disk (DTRAIN_FAULT_DISK_BYTES, src/checkpoint/
+    # disk_fault.h): each rank's writes fail with ENOSPC after 1.6 MB, room
+    # for its ~1.1 MB share of one checkpoint (the MLP's weights and SGD
+    # momentum, 2.2 MB over 2 ranks) but not of two.
+    expect_disk_full_handled(dtrain, args, os.path.join(folder, "simulated"),
+                             env={"DTRAIN_FAULT_DISK_BYTES": str(1600 * 1000)})
+    say("simulated full disk: clear error, step 10 intact, nothing partial left")
+    # With root, also a real one: a 3 MB tmpfs.
     if os.geteuid() != 0:
-        say("SKIP: mounting a small tmpfs needs root")
-        sys.exit(SKIP_EXIT_CODE)
+        say("the real full disk (a tmpfs mount) needs root: checked the simulated one only")
+        return
     mount_point = os.path.join(folder, "small-disk")
     os.makedirs(mount_point)
-    # The MLP's checkpoint (weights and SGD momentum) is about 2.2 MB: room for one.
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", mount_point]).returncode != 0:
-        say("SKIP: cannot mount a tmpfs here")
-        sys.exit(SKIP_EXIT_CODE)
+        say("cannot mount a tmpfs here: checked the simulated full disk only")
+        return
     try:
-        checkpoints = os.path.join(mount_point, "checkpoints")
-        code, output = run([dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--checkpoint-every", "10",
-                                                       "--keep-last", "1"], expect_code=None)
-        if code == 0:
-            fail("the run succeeded although the second checkpoint cannot fit")
-        expected = "cannot write the checkpoint of step 20"
-        if expected not in output or "No space left on device" not in output or "step 10 is untouched" not in output:
-            fail("expected '%s ... No space left on device ... step 10 is untouched' in the output" % expected)
-        left = sorted(os.listdir(checkpoints))
-        if left != ["step-00000010"]:
-            fail("after the failed save the folder must hold exactly step-00000010, found %s" % left)
-        _, inspect = run([dtrain, "checkpoint", "inspect", os.path.join(checkpoints, "step-00000010")])
-        say("disk full: clear error, step 10 intact, nothing partial left")
+        expect_disk_full_handled(dtrain, args, os.path.join(mount_point, "checkpoints"))
+        say("real full disk: clear error, step 10 intact, nothing partial left")
     finally:
         subprocess.run(["umount", mount_point])
 
