@@ -3,7 +3,7 @@
 // safetensors_format.{h,cpp} (see Note [safetensors layout] there).
 #include "dtrain/checkpoint.h"
 
-#include "checkpoint/disk_fault.h"
+#include "checkpoint/fault_injection.h"
 #include "checkpoint/safetensors_format.h"
 
 #include <torch/nn/module.h>
@@ -103,8 +103,10 @@ class TempFile {
     const int fd = fd_;
     fd_ = -1;
     if (::close(fd) != 0) fail("closing " + temp_);
+    detail::crash_point("after writing a safetensors file, before renaming it into place");
     if (::rename(temp_.c_str(), path_.c_str()) != 0) fail("renaming " + temp_ + " to it");
     committed_ = true;
+    detail::crash_point("after renaming a safetensors file into place");
     const std::string folder = path_.find('/') == std::string::npos ? "." : path_.substr(0, path_.rfind('/') + 1);
     const int folder_fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (folder_fd >= 0) {

@@ -1,7 +1,7 @@
 // Sharded save: every rank writes its pieces into DIR.tmp-STEP, rank 0 adds
 // the manifest last and renames the directory into place. See "sharded
 // checkpoints" in include/dtrain/checkpoint.h.
-#include "checkpoint/disk_fault.h"
+#include "checkpoint/fault_injection.h"
 #include "checkpoint/held_state.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/rank_agreement.h"
@@ -106,6 +106,7 @@ void replace_directory(const fs::path& temporary, const fs::path& target) {
   if (fs::exists(target)) {
     if (::renameat2(AT_FDCWD, temporary.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
       fsync_path(target.parent_path().string());
+      detail::crash_point("after swapping the new checkpoint in, before removing the old one");
       fs::remove_all(temporary);
       return;
     }
@@ -123,6 +124,7 @@ void replace_directory(const fs::path& temporary, const fs::path& target) {
   }
   fs::rename(temporary, target);
   fsync_path(target.parent_path().string());
+  detail::crash_point("after moving the checkpoint into place");
 }
 
 void save_held(const std::string& dir, const detail::HeldModel& held, torch::optim::Optimizer* optimizer, int64_t step,
@@ -195,8 +197,10 @@ void save_held(const std::string& dir, const detail::HeldModel& held, torch::opt
                                                                                                 : std::next(it);
       }
       fsync_path(temporary.string());  // the rank files' directory entries
+      detail::crash_point("before writing the manifest");
       write_whole_file((temporary / detail::kManifestName).string(), detail::manifest_to_json(manifest));
       fsync_path(temporary.string());
+      detail::crash_point("after writing the manifest, before moving the checkpoint into place");
       replace_directory(temporary, target);
     } catch (const std::exception& e) {
       error = "save_checkpoint: " + target.string() + ": " + e.what();

@@ -1,5 +1,6 @@
 #include "train/checkpointing.h"
 
+#include "checkpoint/fault_injection.h"
 #include "checkpoint/rank_agreement.h"
 #include "dtrain/checkpoint.h"
 #include "train/strategy.h"
@@ -88,7 +89,15 @@ void prune_checkpoints(const std::string& dir, int64_t keep_last) {
         ++kept;
         continue;
       }
-      fs::remove_all(it->second, error);
+      // Renamed out of the way first (one atomic step), then removed: a crash
+      // half-way through leaves a .tmp- folder --resume ignores, never a
+      // checkpoint with some of its files gone.
+      const fs::path doomed = it->second.string() + ".tmp-prune";
+      fs::remove_all(doomed, error);
+      fs::rename(it->second, doomed, error);
+      detail::crash_point("while pruning, after renaming an old checkpoint aside");
+      fs::remove_all(error ? it->second : doomed, error);
+      detail::crash_point("while pruning, after removing an old checkpoint");
     }
   }
   // Unfinished saves of earlier steps: a run that was killed while saving.

@@ -44,6 +44,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -339,7 +340,7 @@ def expect_disk_full_handled(dtrain, args, checkpoints, env=None):
 
 def check_disk_full(dtrain, args, folder):
     # Always: a simulated full disk (DTRAIN_FAULT_DISK_BYTES, src/checkpoint/
-    # disk_fault.h): each rank's writes fail with ENOSPC after 1.6 MB, room
+    # fault_injection.h): each rank's writes fail with ENOSPC after 1.6 MB, room
     # for its ~1.1 MB share of one checkpoint (the MLP's weights and SGD
     # momentum, 2.2 MB over 2 ranks) but not of two.
     expect_disk_full_handled(dtrain, args, os.path.join(folder, "simulated"),
@@ -361,16 +362,79 @@ def check_disk_full(dtrain, args, folder):
         subprocess.run(["umount", mount_point])
 
 
+def check_crash_points(dtrain, args, folder):
+    """Kills rank 0 at every crash point of the checkpoint writers in turn
+    (DTRAIN_FAULT_CRASH_AT=K, src/checkpoint/fault_injection.h): saves at
+    steps 10, 20 and 30 with --keep-last 1. After each crash --resume finds a
+    complete checkpoint (or none, when the first save was cut) and finishes
+    the run bitwise equal to the uninterrupted one, leaving only the last
+    checkpoint behind."""
+    reference = reference_run(dtrain, args, folder)
+    crash_points = 0
+    for k in range(1, 100):
+        case = os.path.join(folder, "crash-%d" % k)
+        checkpoints = os.path.join(case, "checkpoints")
+        os.makedirs(case)
+        saves = ["--checkpoint-dir", checkpoints, "--checkpoint-every", "10", "--keep-last", "1"]
+        os.environ["DTRAIN_FAULT_CRASH_AT"] = str(k)
+        try:
+            code, output = run([dtrain, "train"] + args + saves + ["--metrics", os.path.join(case, "crashed.jsonl")],
+                               expect_code=None)
+        finally:
+            del os.environ["DTRAIN_FAULT_CRASH_AT"]
+        if code == 0:
+            break  # k is past the last crash point
+        where = [line for line in output.splitlines() if "DTRAIN_FAULT_CRASH_AT=%d" % k in line]
+        if not where:
+            fail("the run with DTRAIN_FAULT_CRASH_AT=%d failed without reaching its crash point" % k)
+        crash_points = k
+        newest = newest_complete_checkpoint(checkpoints)  # what the crash left: the step --resume must take
+        resumed_path = os.path.join(case, "resumed.jsonl")
+        _, output = run([dtrain, "train"] + args + saves + ["--resume", "--metrics", resumed_path])
+        started = re.search(r"resuming from step (\d+) ", output)
+        first_step = int(started.group(1)) if started else 0
+        if not started and "no checkpoint in" not in output:
+            fail("crash %d: --resume neither resumed nor said there was no checkpoint" % k)
+        if first_step != max(newest, 0):
+            fail("crash %d (%s): the newest complete checkpoint is step %d, but --resume started at step %d"
+                 % (k, where[0], newest, first_step))
+        resumed = read_metrics(resumed_path)
+        if first_step < max(step_losses(reference)):
+            compare_after(reference, resumed, first_step)
+        elif final_record(resumed) is None or final_record(resumed)["eval_loss"] != final_record(reference)["eval_loss"]:
+            fail("crash %d: resumed at the last step, but the final evaluation differs" % k)
+        left = sorted(os.listdir(checkpoints))
+        last = max(step_losses(reference))
+        if first_step < last:
+            # The resumed run saved (and pruned): only the last checkpoint is left.
+            if left != ["step-%08d" % last]:
+                fail("crash %d: after the resumed run the folder holds %s, expected only step-%08d" % (k, left, last))
+        else:
+            # Resumed at the last step, so nothing was saved after the crash: what it left must be
+            # the last checkpoint, older complete ones (pruned by the next save) and folders
+            # --resume ignores (.tmp-*).
+            strays = [name for name in left if name != "step-%08d" % last and ".tmp-" not in name
+                      and not complete_checkpoint(checkpoints, int(name[5:]) if name[5:].isdigit() else -1)]
+            if "step-%08d" % last not in left or strays:
+                fail("crash %d: the folder holds %s (unexpected: %s)" % (k, left, strays))
+        say("crash %d: %s; resumed from step %d, bitwise equal, nothing left behind" % (k, where[0].split("itself ")[-1],
+                                                                                    first_step))
+    if crash_points < 10:
+        fail("only %d crash points were passed; the writers mark more than that" % crash_points)
+    say("all %d crash points: a complete checkpoint survived each" % crash_points)
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("check", choices=["kill-resume", "signal", "nonfinite", "damaged", "disk-full"])
+    parser.add_argument("check", choices=["kill-resume", "signal", "nonfinite", "damaged", "disk-full", "crash-points"])
     parser.add_argument("dtrain")
     parser.add_argument("train_args", nargs=argparse.REMAINDER)
     options = parser.parse_args()
     args = [a for a in options.train_args if a != "--"] + ["--log-every", "1"]
     with tempfile.TemporaryDirectory(prefix="dtrain-ckpt-") as folder:
         {"kill-resume": check_kill_resume, "signal": check_signal, "nonfinite": check_nonfinite,
-         "damaged": check_damaged, "disk-full": check_disk_full}[options.check](options.dtrain, args, folder)
+         "damaged": check_damaged, "disk-full": check_disk_full,
+     "crash-points": check_crash_points}[options.check](options.dtrain, args, folder)
     say("PASS")
 
 
