@@ -144,6 +144,9 @@ CheckpointManifest load_held(const std::string& dir, const detail::HeldModel& he
       } else if (it->second.shape != tensor.shape) {
         problems += "; '" + tensor.name + "' is " + c10::str(c10::IntArrayRef(it->second.shape)) +
                     " in the checkpoint but " + c10::str(c10::IntArrayRef(tensor.shape)) + " in the model";
+      } else if (it->second.dtype != dtype_name(tensor.flat.scalar_type())) {
+        problems += "; '" + tensor.name + "' is " + it->second.dtype + " in the checkpoint but " +
+                    dtype_name(tensor.flat.scalar_type()) + " in the model";
       }
     }
     for (const auto& [name, tensor] : manifest.tensors) {

@@ -15,6 +15,7 @@
 #include <dtrain/ddp.h>
 #include <dtrain/fsdp.h>
 
+#include "checkpoint/held_state.h"
 #include "checkpoint/manifest.h"
 
 #include "../common/multirank_gtest.h"
@@ -27,6 +28,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -126,7 +128,8 @@ double max_difference(const std::map<std::string, torch::Tensor>& a, const std::
   double worst = a.size() == b.size() ? 0 : 1e30;
   for (const auto& [name, value] : a) {
     auto it = b.find(name);
-    if (it == b.end()) return 1e30;
+    if (it == b.end() || it->second.sizes() != value.sizes()) return 1e30;
+    if (value.numel() == 0) continue;  // an empty piece of a shard
     const double d = (value - it->second).abs().max().item<double>();
     if (d > worst) {
       worst = d;
@@ -352,6 +355,119 @@ TEST(Damage, IncompleteOptimizerStateChangesNothing) {
   std::string worst;
   EXPECT_EQ(max_difference(other.full_parameters(), before, worst), 0.0) << "a refused load changed " << worst;
   remove_on_rank0(dir);
+}
+
+// Issue 16, item 2: a dozen crafted bad checkpoints, each refused with an
+// error naming the problem, and the live model's parameters and optimizer
+// state bitwise unchanged after each failed load.
+std::map<std::string, torch::Tensor> optimizer_snapshot(Trainee& trainee) {
+  std::map<std::string, torch::Tensor> snapshot;
+  int index = 0;
+  for (const auto& parameter : trainee.optimizer->param_groups()[0].params()) {
+    for (const auto& [key, value] : dtrain::detail::optimizer_state_of(*trainee.optimizer, parameter)) {
+      snapshot[std::to_string(index) + "/" + key] = value.clone();
+    }
+    ++index;
+  }
+  return snapshot;
+}
+
+TEST(Damage, CraftedCheckpointsChangeNothing) {
+  const std::string base = shared_temp_dir("crafted");
+  Trainee saver("fsdp", "adamw", 5);
+  saver.train_step(0);
+  saver.save(base, 1);
+  const std::string first_file = "rank-00000-of-" + [] {
+    char text[8];
+    std::snprintf(text, sizeof(text), "%05d", world().size());
+    return std::string(text);
+  }() + ".safetensors";
+
+  using Manifest = dtrain::CheckpointManifest;
+  auto erase_tensor = [](Manifest& m, const std::string& name) {
+    m.tensors.erase(name);
+    for (auto& file : m.files) std::erase_if(file.pieces, [&](const auto& piece) { return piece.name == name; });
+  };
+  auto pieces_of = [](Manifest& m, const std::string& name) {
+    std::vector<Manifest::Piece*> found;
+    for (auto& file : m.files) {
+      for (auto& piece : file.pieces) {
+        if (piece.name == name && piece.end > piece.begin) found.push_back(&piece);
+      }
+    }
+    return found;
+  };
+  struct Case {
+    std::string name;
+    std::function<void(Manifest&)> edit_manifest;
+    std::function<void(const std::string& dir)> edit_files;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"overlap", [&](Manifest& m) { auto p = *pieces_of(m, "1.weight").front(); p.begin += 1; m.files.back().pieces.push_back(p); },
+       nullptr, "of '1.weight' are in more than one piece"},
+      {"duplicate piece", [&](Manifest& m) { m.files.front().pieces.push_back(*pieces_of(m, "3.weight").front()); },
+       nullptr, "of '3.weight' are in more than one piece"},
+      {"gap", [&](Manifest& m) { auto p = pieces_of(m, "1.bias").front(); p->end = p->begin; }, nullptr,
+       "of '1.bias' are in no piece"},
+      {"piece beyond the tensor", [&](Manifest& m) {
+         auto pieces = pieces_of(m, "5.bias");
+         (*std::max_element(pieces.begin(), pieces.end(), [](auto* a, auto* b) { return a->end < b->end; }))->end += 5;
+       }, nullptr, "'5.bias'"},
+      {"unknown tensor in a file", [&](Manifest& m) { m.files.front().pieces.push_back({"ghost", 0, 1}); }, nullptr,
+       "holds unknown tensor 'ghost'"},
+      {"wrong dtype", [](Manifest& m) { m.tensors.at("1.weight").dtype = "float64"; }, nullptr,
+       "'1.weight' is float64 in the checkpoint but float32 in the model"},
+      {"wrong shape", [](Manifest& m) { m.tensors.at("1.weight").shape = {64, 33}; }, nullptr,
+       "'1.weight' is [64, 33] in the checkpoint but [33, 64] in the model"},
+      {"tensor the model lacks", [](Manifest& m) { m.tensors["9.weight"] = {"float32", {0, 4}}; }, nullptr,
+       "the model lacks '9.weight'"},
+      {"tensor the checkpoint lacks", [&](Manifest& m) { erase_tensor(m, "5.bias"); }, nullptr,
+       "the checkpoint lacks '5.bias'"},
+      {"missing exp_avg", [&](Manifest& m) { erase_tensor(m, "optim/3.weight/exp_avg"); }, nullptr,
+       "the adamw state of '3.weight' lacks exp_avg"},
+      {"truncated rank file", nullptr,
+       [&](const std::string& dir) { fs::resize_file(fs::path(dir) / first_file, fs::file_size(fs::path(dir) / first_file) - 100); },
+       first_file},
+      {"flipped byte", nullptr,
+       [&](const std::string& dir) {
+         std::fstream file(fs::path(dir) / first_file, std::ios::in | std::ios::out | std::ios::binary);
+         file.seekg(-5, std::ios::end);
+         char byte = 0;
+         file.read(&byte, 1);
+         byte ^= 0x40;
+         file.seekp(-5, std::ios::end);
+         file.write(&byte, 1);
+       },
+       "checksum"},
+  };
+
+  Trainee live("fsdp", "adamw", 6);
+  live.train_step(0);  // it has optimizer state to lose
+  const auto parameters = live.full_parameters();
+  const auto state = optimizer_snapshot(live);
+  ASSERT_FALSE(state.empty());
+  for (const auto& c : cases) {
+    const std::string dir = base + "-" + std::to_string(&c - cases.data());
+    if (world().rank() == 0) {
+      fs::copy(base, dir, fs::copy_options::recursive);
+      if (c.edit_manifest) {
+        auto manifest = dtrain::read_checkpoint_manifest(dir);
+        c.edit_manifest(manifest);
+        std::ofstream(fs::path(dir) / "manifest.json", std::ios::trunc) << dtrain::detail::manifest_to_json(manifest);
+      }
+      if (c.edit_files) c.edit_files(dir);
+    }
+    barrier();
+    const std::string error = error_of_load(live, dir);
+    EXPECT_NE(error.find(c.expected), std::string::npos) << c.name << ": " << (error.empty() ? "loaded" : error);
+    std::string worst;
+    EXPECT_EQ(max_difference(live.full_parameters(), parameters, worst), 0.0) << c.name << " changed " << worst;
+    EXPECT_EQ(max_difference(optimizer_snapshot(live), state, worst), 0.0) << c.name << " changed optimizer state "
+                                                                             << worst;
+    remove_on_rank0(dir);
+  }
+  remove_on_rank0(base);
 }
 
 // ------------------------------------------------------------------ export
