@@ -5,6 +5,7 @@
 
 #include "checkpoint/fault_injection.h"
 #include "checkpoint/safetensors_format.h"
+#include "checkpoint/state_fit.h"
 
 #include <torch/nn/module.h>
 #include <torch/types.h>
@@ -199,6 +200,47 @@ std::string list_some(const std::vector<std::string>& names) {
 
 }  // namespace
 
+namespace detail {
+
+torch::ScalarType torch_dtype_of(safetensors::DType dtype) { return torch_dtype(dtype); }
+
+void check_state_fits(const std::string& where, const std::vector<TensorSignature>& model,
+                      const std::vector<TensorSignature>& file) {
+  std::unordered_map<std::string, const TensorSignature*> in_file;
+  for (const auto& tensor : file) in_file.emplace(tensor.name, &tensor);
+  std::unordered_set<std::string> in_module;
+  std::vector<std::string> file_lacks, module_lacks;
+  for (const auto& tensor : model) {
+    in_module.insert(tensor.name);
+    if (!in_file.count(tensor.name)) file_lacks.push_back(tensor.name);
+  }
+  for (const auto& tensor : file)
+    if (!in_module.count(tensor.name)) module_lacks.push_back(tensor.name);
+  if (!file_lacks.empty() || !module_lacks.empty()) {
+    std::string message = where + " does not fit the model:";
+    if (!file_lacks.empty())
+      message += " the model's " + list_some(file_lacks) + (file_lacks.size() == 1 ? " is" : " are") + " missing from the file";
+    if (!file_lacks.empty() && !module_lacks.empty()) message += ";";
+    if (!module_lacks.empty())
+      message += " the file's " + list_some(module_lacks) + (module_lacks.size() == 1 ? " is" : " are") +
+                 " not in the model";
+    throw std::runtime_error(message + " (the file holds " + std::to_string(file.size()) + " tensors, the model " +
+                             std::to_string(model.size()) + ")");
+  }
+  for (const auto& target : model) {
+    const TensorSignature& source = *in_file.at(target.name);
+    if (source.shape != target.shape)
+      throw std::runtime_error(where + ": tensor '" + target.name + "' has shape " + shape_text(source.shape) +
+                               " in the file but " + shape_text(target.shape) + " in the model");
+    if (!widens(source.dtype, target.dtype))
+      throw std::runtime_error(where + ": tensor '" + target.name + "' is " + dtype_text(source.dtype) +
+                               " in the file but " + dtype_text(target.dtype) +
+                               " in the model (only widening float16/bfloat16/float32 is converted)");
+  }
+}
+
+}  // namespace detail
+
 std::vector<std::string> SafetensorsFile::names() const {
   std::vector<std::string> result;
   result.reserve(tensors.size());
@@ -319,37 +361,14 @@ void load_state_into(torch::nn::Module& module, const SafetensorsFile& file) {
   for (const auto& item : module.named_buffers(/*recurse=*/true))
     if (item.value().defined()) targets.emplace_back(item.key(), item.value());
 
+  std::vector<detail::TensorSignature> wanted, held;
+  for (const auto& [name, tensor] : targets) wanted.push_back({name, tensor.sizes().vec(), tensor.scalar_type()});
   std::unordered_map<std::string, const torch::Tensor*> in_file;
-  for (const auto& [name, tensor] : file.tensors) in_file.emplace(name, &tensor);
-  std::unordered_set<std::string> in_module;
-  std::vector<std::string> file_lacks, module_lacks;
-  for (const auto& [name, tensor] : targets) {
-    in_module.insert(name);
-    if (!in_file.count(name)) file_lacks.push_back(name);
+  for (const auto& [name, tensor] : file.tensors) {
+    in_file.emplace(name, &tensor);
+    held.push_back({name, tensor.sizes().vec(), tensor.scalar_type()});
   }
-  for (const auto& [name, tensor] : file.tensors)
-    if (!in_module.count(name)) module_lacks.push_back(name);
-  if (!file_lacks.empty() || !module_lacks.empty()) {
-    std::string message = where + " does not fit the model:";
-    if (!file_lacks.empty())
-      message += " the model's " + list_some(file_lacks) + (file_lacks.size() == 1 ? " is" : " are") + " missing from the file";
-    if (!file_lacks.empty() && !module_lacks.empty()) message += ";";
-    if (!module_lacks.empty())
-      message += " the file's " + list_some(module_lacks) + (module_lacks.size() == 1 ? " is" : " are") +
-                 " not in the model";
-    throw std::runtime_error(message + " (the file holds " + std::to_string(file.tensors.size()) +
-                             " tensors, the model " + std::to_string(targets.size()) + ")");
-  }
-  for (const auto& [name, target] : targets) {
-    const torch::Tensor& source = *in_file.at(name);
-    if (source.sizes() != target.sizes())
-      throw std::runtime_error(where + ": tensor '" + name + "' has shape " + shape_text(source.sizes()) +
-                               " in the file but " + shape_text(target.sizes()) + " in the model");
-    if (!widens(source.scalar_type(), target.scalar_type()))
-      throw std::runtime_error(where + ": tensor '" + name + "' is " + dtype_text(source.scalar_type()) +
-                               " in the file but " + dtype_text(target.scalar_type()) +
-                               " in the model (only widening float16/bfloat16/float32 is converted)");
-  }
+  detail::check_state_fits(where, wanted, held);
   torch::NoGradGuard no_grad;
   for (auto& [name, target] : targets) target.copy_(*in_file.at(name));
 }

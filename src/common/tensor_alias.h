@@ -11,4 +11,9 @@ namespace dtrain::detail {
 // refused on views) works on gradients that live inside a flat buffer.
 torch::Tensor alias_of(const torch::Tensor& buffer, int64_t offset, c10::IntArrayRef sizes);
 
+// A tensor of `sizes` whose storage has no bytes yet: a deferred parameter
+// (dtrain/deferred_init.h) or a freed FSDP full buffer. Reading it fails
+// (LibTorch: "data is not allocated yet") until its storage gets bytes.
+torch::Tensor storageless(c10::IntArrayRef sizes, const torch::TensorOptions& options);
+
 }  // namespace dtrain::detail

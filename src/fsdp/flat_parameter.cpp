@@ -1,5 +1,7 @@
 #include "fsdp/flat_parameter.h"
 
+#include "common/tensor_alias.h"
+
 #include <c10/core/DeviceGuard.h>
 
 #include <dtrain/comm.h>
@@ -16,13 +18,6 @@ namespace dtrain::detail {
 namespace {
 
 std::string dtype_name_of(const torch::Tensor& t) { return dtype_name(t.scalar_type()); }
-
-// A tensor of `sizes` whose storage has no bytes yet (allocate_full gives it some).
-torch::Tensor unallocated(at::IntArrayRef sizes, const torch::TensorOptions& options) {
-  auto tensor = torch::empty({0}, options);
-  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
-  return tensor;
-}
 
 }  // namespace
 
@@ -74,7 +69,7 @@ FlatParameter::FlatParameter(std::vector<std::string> names, std::vector<torch::
   }
 
   full_is_shard_ = group_size == 1 && compute_dtype_ == shard_.scalar_type();
-  full_ = full_is_shard_ ? shard_ : unallocated({padded_numel_}, master.dtype(compute_dtype_));
+  full_ = full_is_shard_ ? shard_ : storageless({padded_numel_}, master.dtype(compute_dtype_));  // allocate_full gives it bytes
 }
 
 void FlatParameter::take_piece(size_t i) {

@@ -1,6 +1,8 @@
 // Deferred construction and per-module initialisation (include/dtrain/deferred_init.h).
 #include "dtrain/deferred_init.h"
 
+#include "common/tensor_alias.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
@@ -18,13 +20,6 @@ namespace dtrain {
 namespace {
 
 thread_local bool t_constructing_deferred = false;
-
-// A tensor of `like`'s shape and dtype whose storage has no bytes.
-torch::Tensor storageless_like(const torch::Tensor& like) {
-  auto tensor = torch::empty({0}, like.options().requires_grad(false));
-  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(like.sizes());
-  return tensor;
-}
 
 // splitmix64: spreads nearby inputs over the whole 64-bit range.
 uint64_t mix(uint64_t x) {
@@ -106,8 +101,11 @@ bool constructing_deferred() { return t_constructing_deferred; }
 
 void defer_storage(torch::nn::Module& module) {
   torch::NoGradGuard no_grad;
-  for (auto& item : module.named_parameters(true)) item.value().set_data(storageless_like(item.value()));
-  for (auto& item : module.named_buffers(true)) item.value().set_data(storageless_like(item.value()));
+  auto defer = [](torch::Tensor& tensor) {
+    tensor.set_data(detail::storageless(tensor.sizes(), tensor.options().requires_grad(false)));
+  };
+  for (auto& item : module.named_parameters(true)) defer(item.value());
+  for (auto& item : module.named_buffers(true)) defer(item.value());
 }
 
 bool is_deferred(const torch::Tensor& tensor) {
