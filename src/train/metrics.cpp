@@ -61,7 +61,12 @@ void StepLog::record(int64_t done, int64_t total, double loss, double lr, double
                      double units_per_step) {
   window_seconds_ += step_seconds;
   ++window_steps_;
-  if (done % log_every_ != 0 && done != total) return;
+  // A line for every multiple of log_every reached, even when `done` jumped
+  // over it (a parameter-server worker whose late push was dropped).
+  if (logged_ < 0) logged_ = done - 1;  // the first step of this run (or of a resumed one)
+  const bool crossed = done / log_every_ > logged_ / log_every_;
+  if (!crossed && done != total) return;
+  logged_ = done;
   const double step_time = window_seconds_ / static_cast<double>(window_steps_);
   metrics_.write({{"step", done}, {"loss", loss}, {"lr", lr}, {"step_time_s", step_time},
                   {rate_key_, units_per_step / step_time}});

@@ -60,6 +60,7 @@ class StepLog {
   std::string rate_key_;
   double window_seconds_ = 0;
   int64_t window_steps_ = 0;
+  int64_t logged_ = -1;  // the last step given a line; -1 before the first
 };
 
 }  // namespace dtrain::train

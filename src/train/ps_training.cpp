@@ -171,7 +171,11 @@ TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
       if (!std::isfinite(loss))
         throw std::runtime_error("the loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                                  ": training diverged; try a lower --lr or more --warmup");
-      const int64_t done = step + 1;
+      // The servers' step count, not step + 1: under ps-sync with backup
+      // workers a late push is dropped and this worker jumps ahead to the
+      // servers' version (Note [backup workers]), possibly past the last step,
+      // and the step line must still name the step the run has reached.
+      const int64_t done = worker.next_step();
       if (lockstep) {
         if (auto sizes = stragglers.rebalance(done, *group.workers_comm())) {
           make_sampler(*sizes);
