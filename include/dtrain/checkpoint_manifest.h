@@ -42,10 +42,12 @@ struct CheckpointManifest {
 // checkpoint, e.g. a save that was interrupted).
 CheckpointManifest read_checkpoint_manifest(const std::string& dir);
 
-// One line per file whose size or xxHash64 differs from the manifest
-// ("rank-00001-of-00002.safetensors: checksum ..."); empty when all match.
+// One line per problem with a file: its size or xxHash64 differs from the
+// manifest ("rank-00001-of-00002.safetensors: checksum ..."), or its header
+// disagrees with the manifest's pieces (a missing entry, another dtype or
+// element count, an entry the manifest does not list); empty when all match.
 // With `checksums` false only the sizes are compared: a stat per file, no
-// reading, for a quick look before a load that verifies the checksums anyway.
+// reading, for a quick look before a load that verifies everything anyway.
 std::vector<std::string> verify_checkpoint_files(const std::string& dir, const CheckpointManifest& manifest,
                                                  bool checksums = true);
 

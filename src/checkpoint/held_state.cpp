@@ -74,16 +74,6 @@ std::string optimizer_kind(const torch::optim::Optimizer* optimizer) {
                            "the model alone");
 }
 
-std::string optimizer_state_name(const std::string& parameter, const std::string& key) {
-  return "optim/" + parameter + "/" + key;
-}
-
-std::vector<std::string> optimizer_state_keys(const std::string& kind) {
-  if (kind == "adamw" || kind == "adam") return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"};
-  if (kind == "sgd") return {"momentum_buffer"};
-  return {};
-}
-
 namespace {
 
 template <class State>

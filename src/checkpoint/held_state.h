@@ -3,6 +3,8 @@
 // whatever the parallelism (single process, DDP, FSDP/ZeRO).
 #pragma once
 
+#include "checkpoint/optimizer_state_names.h"
+
 #include <dtrain/checkpoint.h>
 #include <dtrain/comm.h>
 
@@ -44,16 +46,12 @@ HeldModel held_by_fsdp(FullyShardedBase& fsdp);
 // "adamw", "adam", "sgd", or "none" for nullptr; throws for other optimizers.
 std::string optimizer_kind(const torch::optim::Optimizer* optimizer);
 
-// "optim/PARAM/KEY"
-std::string optimizer_state_name(const std::string& parameter, const std::string& key);
 
 // The optimizer's state for `parameter`, by key: element-wise tensors
 // flattened (1-D, the parameter's elements), and "step" as a one-element
 // int64 tensor. Empty when the optimizer has no state for it yet.
 std::vector<std::pair<std::string, torch::Tensor>> optimizer_state_of(torch::optim::Optimizer& optimizer,
                                                                      const torch::Tensor& parameter);
-// Keys the state of `kind` may have (what load looks for).
-std::vector<std::string> optimizer_state_keys(const std::string& kind);
 // Replaces the optimizer's state for `parameter` with `values` (keys as
 // above; element-wise values 1-D with the parameter's numel).
 void set_optimizer_state(torch::optim::Optimizer& optimizer, const torch::Tensor& parameter,

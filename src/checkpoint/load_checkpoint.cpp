@@ -83,27 +83,24 @@ class CheckpointReader {
   std::vector<std::unique_ptr<detail::RankFileReader>> files_;
 };
 
-// Collective: rank r checks files r, r + world, ...; every rank learns which
-// failed and throws the same error naming them.
+// Collective: rank r checks files r, r + world, ...; every rank learns each
+// problem found (as text) and throws the same error naming them.
 void verify_files(const std::string& dir, const CheckpointManifest& manifest, const CommPtr& comm) {
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
-  std::vector<int64_t> bad(manifest.files.size(), 0);
-  std::map<size_t, std::string> mine;
+  std::vector<std::string> found;
   for (size_t f = static_cast<size_t>(rank); f < manifest.files.size(); f += static_cast<size_t>(world)) {
-    CheckpointManifest one;
+    CheckpointManifest one = manifest;  // the tensor table too: file headers are checked against it
     one.files = {manifest.files[f]};
-    const auto problems = verify_checkpoint_files(dir, one);
-    if (!problems.empty()) {
-      bad[f] = 1;
-      mine[f] = problems.front();
-    }
+    for (auto& problem : verify_checkpoint_files(dir, one)) found.push_back(std::move(problem));
   }
-  bad = detail::all_max(comm, bad);
+  // The first few of each rank: a manifest of another model can disagree with every entry.
+  constexpr size_t kShown = 4;
+  std::string mine;
+  for (size_t i = 0; i < std::min(found.size(), kShown); ++i) mine += (i ? "; " : "") + found[i];
+  if (found.size() > kShown) mine += "; and " + std::to_string(found.size() - kShown) + " more";
   std::string message;
-  for (size_t f = 0; f < bad.size(); ++f) {
-    if (!bad[f]) continue;
-    message += message.empty() ? "" : "; ";
-    message += mine.count(f) ? mine[f] : manifest.files[f].name + ": size or xxh64 checksum differs from the manifest";
+  for (const auto& problems : detail::all_gather_strings(comm, mine)) {
+    if (!problems.empty()) message += (message.empty() ? "" : "; ") + problems;
   }
   if (!message.empty()) {
     throw CheckpointDamagedError("load_checkpoint: " + dir + " is damaged, nothing was loaded: " + message);

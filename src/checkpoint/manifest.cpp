@@ -1,5 +1,7 @@
 #include "checkpoint/manifest.h"
 
+#include "checkpoint/optimizer_state_names.h"
+
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
@@ -11,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
@@ -162,6 +165,46 @@ void check_pieces_cover_tensors(const CheckpointManifest& manifest) {
   }
 }
 
+// The fields a saver writes together agree with each other: rank i's file
+// is named for rank i of world_size, the strategy is one a saver writes (a
+// one-rank strategy at world size 1), and optimizer state is listed only for
+// a known optimizer, only for tensors the manifest lists, and only under the
+// keys that optimizer keeps (checkpoint/optimizer_state_names.h).
+void check_fields_agree(const CheckpointManifest& manifest) {
+  for (size_t i = 0; i < manifest.files.size(); ++i) {
+    const std::string expected = rank_file_name(static_cast<int>(i), manifest.world_size);
+    if (manifest.files[i].name != expected) {
+      throw std::runtime_error("file " + std::to_string(i) + " is named '" + manifest.files[i].name + "', not '" +
+                               expected + "' as a save at world size " + std::to_string(manifest.world_size) +
+                               " names it");
+    }
+  }
+  // What held_state.cpp writes: "single"/"ddp" for a plain module, to_string(Sharding) for FSDP.
+  static const std::set<std::string> strategies = {"single", "ddp", "full", "gradop", "optimizer", "none", "hybrid"};
+  if (!strategies.count(manifest.strategy)) throw std::runtime_error("unknown strategy '" + manifest.strategy + "'");
+  if (manifest.strategy == "single" && manifest.world_size != 1) {
+    throw std::runtime_error("strategy 'single' at world size " + std::to_string(manifest.world_size));
+  }
+  if (manifest.step < 0) throw std::runtime_error("negative step " + std::to_string(manifest.step));
+  if (!known_optimizer_kind(manifest.optimizer)) throw std::runtime_error("unknown optimizer '" + manifest.optimizer + "'");
+  const auto keys = optimizer_state_keys(manifest.optimizer);
+  const std::string prefix = kOptimizerStatePrefix;
+  for (const auto& [name, tensor] : manifest.tensors) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    const size_t slash = name.rfind('/');
+    const std::string parameter = name.substr(prefix.size(), slash - prefix.size()), key = name.substr(slash + 1);
+    if (slash < prefix.size() || std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      throw std::runtime_error("'" + name + "' is no " + manifest.optimizer + " state");
+    }
+    auto owner = manifest.tensors.find(parameter);
+    if (owner == manifest.tensors.end()) throw std::runtime_error("'" + name + "' is state of a tensor it does not list");
+    // The step counter is one int64; every other field has its parameter's shape and dtype.
+    const bool matches = key == "step" ? tensor.dtype == "int64" && numel_of(tensor.shape) == 1
+                                       : tensor.shape == owner->second.shape && tensor.dtype == owner->second.dtype;
+    if (!matches) throw std::runtime_error("'" + name + "' has another shape or dtype than " + key + " of '" + parameter + "' must have");
+  }
+}
+
 }  // namespace
 
 std::string file_record_to_json(const CheckpointManifest::File& file,
@@ -224,6 +267,7 @@ CheckpointManifest manifest_from_json(const std::string& text, const std::string
       throw std::runtime_error("lists " + std::to_string(manifest.files.size()) + " files for world size " +
                                std::to_string(manifest.world_size));
     }
+    check_fields_agree(manifest);
     check_pieces_cover_tensors(manifest);
     return manifest;
   } catch (const std::exception& error) {
@@ -245,28 +289,6 @@ CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
   std::stringstream text;
   text << in.rdbuf();
   return detail::manifest_from_json(text.str(), path);
-}
-
-std::vector<std::string> verify_checkpoint_files(const std::string& dir, const CheckpointManifest& manifest,
-                                                 bool checksums) {
-  std::vector<std::string> problems;
-  for (const auto& file : manifest.files) {
-    const std::string path = (std::filesystem::path(dir) / file.name).string();
-    try {
-      const int64_t bytes = detail::file_bytes(path);
-      if (bytes != file.bytes) {
-        problems.push_back(file.name + ": " + std::to_string(bytes) + " bytes, the manifest says " +
-                           std::to_string(file.bytes));
-        continue;
-      }
-      if (!checksums) continue;
-      const uint64_t hash = detail::file_xxh64(path);
-      if (hash != file.xxh64) problems.push_back(file.name + ": xxh64 checksum does not match the manifest (file damaged)");
-    } catch (const std::exception& error) {
-      problems.push_back(file.name + ": " + error.what());
-    }
-  }
-  return problems;
 }
 
 }  // namespace dtrain

@@ -1,5 +1,7 @@
 #include "checkpoint/rank_file_reader.h"
 
+#include "checkpoint/state_fit.h"
+
 #include <dtrain/comm.h>
 
 #include <torch/types.h>
@@ -12,6 +14,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <set>
 #include <stdexcept>
 #include <vector>
 
@@ -111,6 +114,38 @@ void RankFileReader::read(const std::string& name, int64_t first, torch::Tensor 
       if (bytes[i] > 1) throw std::runtime_error(path_ + ": '" + name + "' holds a BOOL byte other than 0 or 1");
     }
   }
+}
+
+std::vector<std::string> rank_file_disagreements(const RankFileReader& reader, const CheckpointManifest::File& file,
+                                                 const std::map<std::string, CheckpointManifest::Tensor>& tensors) {
+  std::vector<std::string> problems;
+  std::map<std::string, const st::TensorEntry*> entries;
+  for (const auto& entry : reader.header().tensors) entries[entry.name] = &entry;
+  std::set<std::string> listed;
+  for (const auto& piece : file.pieces) {
+    listed.insert(piece.name);
+    auto entry = entries.find(piece.name);
+    if (entry == entries.end()) {
+      problems.push_back(file.name + ": has no tensor '" + piece.name + "' although the manifest lists a piece of it");
+      continue;
+    }
+    const auto& saved = *entry->second;
+    auto tensor = tensors.find(piece.name);
+    const std::string dtype = tensor == tensors.end() ? "?" : tensor->second.dtype;
+    if (dtype_name(torch_dtype_of(saved.dtype)) != dtype) {
+      problems.push_back(file.name + ": '" + piece.name + "' is stored as " + st::dtype_name(saved.dtype) +
+                         " but the manifest says " + dtype);
+    }
+    if (static_cast<int64_t>(saved.numel()) != piece.end - piece.begin) {
+      problems.push_back(file.name + ": '" + piece.name + "' has " + std::to_string(saved.numel()) +
+                         " elements but the manifest's piece [" + std::to_string(piece.begin) + ", " +
+                         std::to_string(piece.end) + ") has " + std::to_string(piece.end - piece.begin));
+    }
+  }
+  for (const auto& [name, entry] : entries) {
+    if (!listed.count(name)) problems.push_back(file.name + ": holds '" + name + "', which the manifest does not list");
+  }
+  return problems;
 }
 
 }  // namespace dtrain::detail

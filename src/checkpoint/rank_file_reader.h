@@ -6,10 +6,13 @@
 
 #include "checkpoint/safetensors_format.h"
 
+#include <dtrain/checkpoint_manifest.h>
+
 #include <torch/types.h>
 
 #include <map>
 #include <string>
+#include <vector>
 
 namespace dtrain::detail {
 
@@ -39,5 +42,12 @@ class RankFileReader {
   safetensors::Header header_;
   std::map<std::string, size_t> index_;
 };
+
+// How rank file `reader` disagrees with the manifest's record of it, one
+// line each (empty when it agrees): every piece the manifest lists has an
+// entry of the tensor's dtype and of exactly the piece's element count, and
+// the file holds nothing the manifest does not list. Reads only the header.
+std::vector<std::string> rank_file_disagreements(const RankFileReader& reader, const CheckpointManifest::File& file,
+                                                 const std::map<std::string, CheckpointManifest::Tensor>& tensors);
 
 }  // namespace dtrain::detail

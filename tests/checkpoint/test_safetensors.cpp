@@ -541,7 +541,7 @@ TEST(CheckpointManifest, OutOfRangeNumbersAreRejected) {
 // unwritten; a tensor without pieces and an absurd shape skipped the checks.
 TEST(CheckpointManifest, PiecesCoverEachTensorExactlyOnce) {
   auto manifest = [](const std::string& shape, const std::string& pieces) {
-    return R"({"format":"dtrain-sharded-checkpoint","format_version":1,"step":3,"world_size":2,"strategy":"fsdp",)"
+    return R"({"format":"dtrain-sharded-checkpoint","format_version":1,"step":3,"world_size":2,"strategy":"full",)"
            R"("optimizer":"none","extra":{},"tensors":{"w":{"dtype":"float32","shape":)" + shape +
            R"(}},"files":[{"name":"rank-00000-of-00002.safetensors","bytes":8,"xxh64":"0123456789abcdef","pieces":[)" +
            pieces + R"(]},{"name":"rank-00001-of-00002.safetensors","bytes":8,"xxh64":"0123456789abcdef","pieces":[]}]})";
@@ -561,6 +561,63 @@ TEST(CheckpointManifest, PiecesCoverEachTensorExactlyOnce) {
     try {
       dtrain::detail::manifest_from_json(text, "m");
       ADD_FAILURE() << "accepted: " << text;
+    } catch (const std::runtime_error& error) {
+      EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+    }
+  }
+}
+
+// Issue 16, item 1: the fields a saver writes together must agree: file
+// names with ranks and world size, strategy with world size, optimizer
+// state with the optimizer and with the tensors it belongs to.
+TEST(CheckpointManifest, FieldsAgreeWithEachOther) {
+  struct Fields {
+    std::string strategy = "full", optimizer = "adamw", second_file = "rank-00001-of-00002.safetensors";
+    std::string state = R"("optim/w/exp_avg":{"dtype":"float32","shape":[4]},"optim/w/step":{"dtype":"int64","shape":[1]})";
+    std::string state_pieces = R"(,["optim/w/exp_avg",0,4],["optim/w/step",0,1])";
+  };
+  auto manifest = [](const Fields& f) {
+    return R"({"format":"dtrain-sharded-checkpoint","format_version":1,"step":3,"world_size":2,"strategy":")" +
+           f.strategy + R"(","optimizer":")" + f.optimizer +
+           R"(","extra":{},"tensors":{"w":{"dtype":"float32","shape":[4]})" + (f.state.empty() ? "" : "," + f.state) +
+           R"(},"files":[{"name":"rank-00000-of-00002.safetensors","bytes":8,"xxh64":"0123456789abcdef","pieces":[["w",0,4])" +
+           f.state_pieces + R"(]},{"name":")" + f.second_file + R"(","bytes":8,"xxh64":"0123456789abcdef","pieces":[]}]})";
+  };
+  EXPECT_NO_THROW(dtrain::detail::manifest_from_json(manifest({}), "m"));
+  std::vector<std::pair<Fields, std::string>> cases;
+  auto add = [&](auto edit, const std::string& expected) {
+    Fields f;
+    edit(f);
+    cases.emplace_back(f, expected);
+  };
+  add([](Fields& f) { f.second_file = "rank-00001-of-00003.safetensors"; },
+      "file 1 is named 'rank-00001-of-00003.safetensors', not 'rank-00001-of-00002.safetensors'");
+  add([](Fields& f) { f.second_file = "rank-00000-of-00002.safetensors"; }, "file 1 is named");
+  add([](Fields& f) { f.strategy = "fsdp"; }, "unknown strategy 'fsdp'");
+  add([](Fields& f) { f.strategy = "single"; }, "strategy 'single' at world size 2");
+  add([](Fields& f) { f.optimizer = "lamb"; }, "unknown optimizer 'lamb'");
+  add([](Fields& f) { f.optimizer = "none"; }, "'optim/w/exp_avg' is no none state");
+  add([](Fields& f) { f.optimizer = "sgd"; }, "'optim/w/exp_avg' is no sgd state");
+  add([](Fields& f) {
+    f.state = R"("optim/v/exp_avg":{"dtype":"float32","shape":[4]})";
+    f.state_pieces = R"(,["optim/v/exp_avg",0,4])";
+  }, "'optim/v/exp_avg' is state of a tensor it does not list");
+  add([](Fields& f) {
+    f.state = R"("optim/w/exp_avg":{"dtype":"float64","shape":[4]})";
+    f.state_pieces = R"(,["optim/w/exp_avg",0,4])";
+  }, "'optim/w/exp_avg' has another shape or dtype than exp_avg of 'w' must have");
+  add([](Fields& f) {
+    f.state = R"("optim/w/step":{"dtype":"float32","shape":[1]})";
+    f.state_pieces = R"(,["optim/w/step",0,1])";
+  }, "'optim/w/step' has another shape or dtype");
+  add([](Fields& f) {
+    f.state = R"("optim/w":{"dtype":"float32","shape":[4]})";
+    f.state_pieces = R"(,["optim/w",0,4])";
+  }, "'optim/w' is no adamw state");
+  for (const auto& [fields, expected] : cases) {
+    try {
+      dtrain::detail::manifest_from_json(manifest(fields), "m");
+      ADD_FAILURE() << "accepted: " << manifest(fields);
     } catch (const std::runtime_error& error) {
       EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
     }
