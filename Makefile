@@ -103,13 +103,13 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 300
 FUZZ_CORPUS_MAX ?= 50
 FUZZ_FLAGS = -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Wall -Wextra -Isrc -Iinclude
-# $(call run_fuzzer,NAME,CORPUS,EXTRA_OPTIONS)
+# $(call run_fuzzer,NAME,CORPUS,EXTRA_OPTIONS[,MAX_LEN])
 define run_fuzzer
 	@mkdir -p $(FUZZ_BUILD)/corpus-$(1)
-	$(FUZZ_BUILD)/fuzz_$(1) -max_len=4096 -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(3) \
+	$(FUZZ_BUILD)/fuzz_$(1) -max_len=$(or $(4),4096) -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(3) \
 	    -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_BUILD)/corpus-$(1) $(2)
 	@rm -rf $(FUZZ_BUILD)/merged $(FUZZ_BUILD)/merge.txt && mkdir -p $(FUZZ_BUILD)/merged
-	@$(FUZZ_BUILD)/fuzz_$(1) -merge=1 -use_counters=0 -max_len=4096 -merge_control_file=$(FUZZ_BUILD)/merge.txt \
+	@$(FUZZ_BUILD)/fuzz_$(1) -merge=1 -use_counters=0 -max_len=$(or $(4),4096) -merge_control_file=$(FUZZ_BUILD)/merge.txt \
 	    $(FUZZ_BUILD)/merged $(2) $(FUZZ_BUILD)/corpus-$(1) 2>$(FUZZ_BUILD)/merge.log
 	@python3 tests/checkpoint/trim_fuzz_corpus.py $(FUZZ_BUILD)/merge.txt $(2) $(FUZZ_CORPUS_MAX)
 endef
@@ -122,3 +122,22 @@ fuzz:
 	    -o $(FUZZ_BUILD)/fuzz_manifest
 	$(call run_fuzzer,safetensors,tests/checkpoint/fuzz_corpus,-dict=tests/checkpoint/fuzz_safetensors.dict)
 	$(call run_fuzzer,manifest,tests/checkpoint/fuzz_corpus_manifest,)
+
+# libFuzzer on the whole load path (tests/checkpoint/fuzz_load.cpp): mutated
+# checkpoints (manifest and rank files) loaded into a live model and AdamW
+# optimizer by load_checkpoint, then read whole. The library is rebuilt with
+# clang, coverage, ASan and UBSan in $(FUZZ_BUILD)/load (once: 5.5 minutes
+# on 2 cores with a warm ccache of nothing, then incremental). LibTorch is not instrumented, hence
+# the ASan options (as in `make asan`). Runs FUZZ_SECONDS from the committed
+# corpus tests/checkpoint/fuzz_corpus_load/ (replayed by checkpoint.load.fuzz_corpus).
+.PHONY: fuzz-load
+fuzz-load:
+	@DTRAIN_SETUP_FUZZ=1 BUILD_DIR=$(FUZZ_BUILD)/load scripts/setup
+	cmake -S . -B $(FUZZ_BUILD)/load -DCMAKE_CXX_COMPILER=clang++ -DDTRAIN_FUZZ=ON -DDTRAIN_BUILD_TESTS=OFF \
+	    -DDTRAIN_CUDA=OFF -DCMAKE_PREFIX_PATH="$$(cat $(FUZZ_BUILD)/load/.torch-prefix)"
+	cmake --build $(FUZZ_BUILD)/load -j $(JOBS) --target fuzz_load
+	cp $(FUZZ_BUILD)/load/bin/fuzz_load $(FUZZ_BUILD)/fuzz_load
+	ASAN_OPTIONS=detect_leaks=0:detect_container_overflow=0 $(MAKE) --no-print-directory fuzz-load-run
+.PHONY: fuzz-load-run
+fuzz-load-run:
+	$(call run_fuzzer,load,tests/checkpoint/fuzz_corpus_load,-timeout=20,16384)

@@ -26,6 +26,12 @@
 namespace dtrain {
 namespace {
 
+// Every rank writes its file into the directory rank 0 creates and renames
+// into place, and a load reads other ranks' files: one filesystem for all.
+constexpr const char* kSharedFilesystem =
+    "the checkpoint directory must be on a filesystem every rank shares (NFS, Lustre, or one machine's disk); "
+    "pass a --checkpoint-dir that every host mounts at the same path";
+
 namespace fs = std::filesystem;
 
 void fsync_path(const std::string& path) {
@@ -164,6 +170,10 @@ void save_held(const std::string& dir, const detail::HeldModel& held, torch::opt
 
   RankFile file;
   try {
+    if (!fs::is_directory(temporary)) {
+      throw std::runtime_error(temporary.string() + ", which rank 0 created, is not there on rank " +
+                               std::to_string(held.rank) + ": " + kSharedFilesystem);
+    }
     file = rank_file_of(held, optimizer);
     file.record.name = detail::rank_file_name(held.rank, held.world_size);
     const std::string path = (temporary / file.record.name).string();
@@ -186,6 +196,13 @@ void save_held(const std::string& dir, const detail::HeldModel& held, torch::opt
       manifest.optimizer = kind;
       manifest.extra = extra;
       for (const auto& record : records) manifest.files.push_back(detail::file_record_from_json(record, manifest.tensors));
+      for (const auto& f : manifest.files) {  // every rank wrote into the directory rank 0 sees
+        std::error_code missing;
+        if (static_cast<int64_t>(fs::file_size(temporary / f.name, missing)) != f.bytes || missing) {
+          throw std::runtime_error(f.name + ", which its rank wrote, is not in " + temporary.string() +
+                                   " as rank 0 sees it: " + kSharedFilesystem);
+        }
+      }
       // Optimizer state no rank wrote (e.g. before the first step) is no tensor.
       std::set<std::string> written;
       for (const auto& f : manifest.files) {
