@@ -118,7 +118,7 @@ fuzz:
 	@DTRAIN_SETUP_FUZZ=1 BUILD_DIR=$(FUZZ_BUILD) scripts/setup
 	clang++ $(FUZZ_FLAGS) src/checkpoint/safetensors_format.cpp tests/checkpoint/fuzz_safetensors.cpp \
 	    -o $(FUZZ_BUILD)/fuzz_safetensors
-	clang++ $(FUZZ_FLAGS) src/checkpoint/manifest.cpp tests/checkpoint/fuzz_manifest.cpp -lxxhash \
+	clang++ $(FUZZ_FLAGS) src/checkpoint/manifest.cpp src/common/strategy_table.cpp tests/checkpoint/fuzz_manifest.cpp -lxxhash \
 	    -o $(FUZZ_BUILD)/fuzz_manifest
 	$(call run_fuzzer,safetensors,tests/checkpoint/fuzz_corpus,-dict=tests/checkpoint/fuzz_safetensors.dict)
 	$(call run_fuzzer,manifest,tests/checkpoint/fuzz_corpus_manifest,)

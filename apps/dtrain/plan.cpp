@@ -1,6 +1,7 @@
 #include "plan.h"
 
 #include "dtrain/plan.h"
+#include "dtrain/strategy_table.h"
 
 #include <nlohmann/json.hpp>
 
@@ -65,7 +66,7 @@ Resolved resolve(const PlanFlags& f) {
     throw std::invalid_argument("--rank " + std::to_string(f.rank) + " is outside --nproc " + std::to_string(f.nproc) +
                                 " (ranks are 0.." + std::to_string(f.nproc - 1) + ")");
   r.options.rank = f.rank;
-  if (f.strategy == "hsdp") {
+  if (strategy_info(f.strategy).sharding == Sharding::Hybrid) {
     if (f.hybrid_group_size == 0)
       throw std::invalid_argument("--strategy hsdp needs --hybrid-group-size G: ranks per sharding group, "
                                   "a divisor of --nproc");
@@ -77,9 +78,9 @@ Resolved resolve(const PlanFlags& f) {
     throw std::invalid_argument("--hybrid-group-size applies to --strategy hsdp only, not " + f.strategy);
   }
   const bool bf16 = f.mixed_precision == "bf16";
-  if (bf16 && f.strategy == "ddp")
-    throw std::invalid_argument("--mixed-precision bf16 is not available with --strategy ddp: DDP trains in fp32 "
-                                "(use --mixed-precision none, or a sharded strategy)");
+  if (bf16 && !strategy_info(f.strategy).bf16)
+    throw std::invalid_argument("--mixed-precision bf16 is not available with --strategy " + f.strategy +
+                                ": DDP trains in fp32 (use --mixed-precision none, or a sharded strategy)");
   // bf16 compute and all-gathers; gradients reduced in fp32 onto fp32 master shards.
   r.options.fsdp.mixed_precision.param_dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
   r.options.fsdp.mixed_precision.reduce_dtype = torch::kFloat32;
@@ -198,8 +199,11 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
       ->capture_default_str();
   cmd->add_option("--seq-len", f.seq_len, "GPT context length (tokens per sample)")->check(at_least(1))
       ->capture_default_str();
-  cmd->add_option("--strategy", f.strategy, "ddp | zero1 | zero2 | fsdp | hsdp")
-      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "fsdp", "hsdp"}))->capture_default_str();
+  std::vector<std::string> planned;
+  for (const auto& row : strategy_table())
+    if (row.planned) planned.emplace_back(row.name);
+  cmd->add_option("--strategy", f.strategy, strategy_list([](const StrategyInfo& r) { return r.planned; }))
+      ->check(CLI::IsMember(planned))->capture_default_str();
   cmd->add_option("--nproc", f.nproc, "Ranks of the run (required)")->required()->check(at_least(1));
   cmd->add_option("--hybrid-group-size", f.hybrid_group_size, "hsdp: ranks per sharding group (divides --nproc)")
       ->check(at_least(1));

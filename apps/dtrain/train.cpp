@@ -3,6 +3,7 @@
 #include "launch.h"
 
 #include "dtrain/comm.h"
+#include "dtrain/strategy_table.h"
 #include "dtrain/train.h"
 
 #include <ATen/Parallel.h>
@@ -99,7 +100,7 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
 
   auto* parallel = app.add_option_group("Parallelism");
   const auto strategies = strategy_names();
-  parallel->add_option("--strategy", c.strategy, "single | ddp | zero1 | zero2 | fsdp | hsdp | ps-sync | ps-async | ps-ssp")
+  parallel->add_option("--strategy", c.strategy, strategy_list())
       ->check(CLI::IsMember(strategies))->capture_default_str();
   parallel->add_option("--nproc", f.nproc,
                        "Local ranks to start (default: min(4, cores); 1 for --strategy single). "
@@ -211,7 +212,7 @@ void resolve_defaults(const CLI::App& app, TrainFlags& f) {
 }
 
 int default_nproc(const TrainConfig& c) {
-  if (c.strategy == "single") return 1;
+  if (const StrategyInfo* row = find_strategy(c.strategy); row && !row->multi_rank) return 1;
   return std::min(4, default_threads_per_rank(1));  // the cores this process may use
 }
 
@@ -280,9 +281,9 @@ int train_main(const std::vector<std::string>& args) {
       return train_rank(config, world);
     }
     const int nproc = given(app, "--nproc") ? flags.nproc : default_nproc(config);
-    if (config.strategy == "single" && nproc > 1)
-      throw std::invalid_argument("--strategy single trains one process; --nproc " + std::to_string(nproc) +
-                                  " needs a data-parallel strategy such as --strategy ddp");
+    if (const StrategyInfo* row = find_strategy(config.strategy); row && !row->multi_rank && nproc > 1)
+      throw std::invalid_argument("--strategy " + config.strategy + " trains one process; --nproc " +
+                                  std::to_string(nproc) + " needs a data-parallel strategy such as --strategy ddp");
     // Every check that needs no data, before any rank starts.
     check_train_config(config, nproc);
     check_init_from(config);

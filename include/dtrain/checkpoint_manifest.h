@@ -30,7 +30,7 @@ struct CheckpointManifest {
   int format_version = 1;
   int64_t step = 0;
   int world_size = 1;
-  std::string strategy;   // "single", "ddp", or an FSDP strategy ("full", "gradop", ...)
+  std::string strategy;   // a row of dtrain/strategy_table.h ("ddp", "fsdp", ...; older saves: "full", ...)
   std::string optimizer;  // "adamw", "adam", "sgd" or "none"
   std::map<std::string, std::string> extra;
   std::map<std::string, Tensor> tensors;

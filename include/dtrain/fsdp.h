@@ -15,6 +15,7 @@
 #pragma once
 
 #include <dtrain/comm.h>
+#include <dtrain/sharding.h>
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -32,17 +33,6 @@
 #include <vector>
 
 namespace dtrain {
-
-enum class Sharding {
-  Full,           // ZeRO-3: parameters, gradients, optimizer state sharded; reshard after forward
-  GradOp,         // ZeRO-2: as Full, but parameters stay gathered from forward to backward
-  OptimizerOnly,  // ZeRO-1: gradients all-reduced, parameters kept gathered, optimizer state sharded
-  None,           // DDP through the same machinery (nothing sharded)
-  Hybrid,         // Full inside groups of hybrid_group_size ranks, replicated across groups
-};
-const char* to_string(Sharding sharding);
-// "full"/"fsdp"/"zero3", "gradop"/"zero2", "optimizer"/"zero1", "none"/"ddp", "hybrid"/"hsdp".
-Sharding sharding_from_string(const std::string& name);
 
 enum class BackwardPrefetch {
   None,

@@ -1,6 +1,7 @@
 #include "checkpoint/held_state.h"
 
 #include <dtrain/fsdp.h>
+#include <dtrain/strategy_table.h>
 
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
@@ -47,7 +48,7 @@ HeldModel held_by_fsdp(FullyShardedBase& fsdp) {
   HeldModel held;
   held.rank = fsdp.comm()->rank();
   held.world_size = fsdp.comm()->size();
-  held.strategy = to_string(fsdp.options().strategy);
+  held.strategy = strategy_of(fsdp.options().strategy).name;  // the strategy table's vocabulary
   // Shard groups are consecutive ranks (Hybrid: rank / group; None: groups
   // of one), so this rank is copy rank / group_size of its piece.
   const int group = fsdp.shard_group().size();

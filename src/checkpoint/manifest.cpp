@@ -2,6 +2,8 @@
 
 #include "checkpoint/optimizer_state_names.h"
 
+#include <dtrain/strategy_table.h>
+
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
@@ -179,11 +181,12 @@ void check_fields_agree(const CheckpointManifest& manifest) {
                                " names it");
     }
   }
-  // What held_state.cpp writes: "single"/"ddp" for a plain module, to_string(Sharding) for FSDP.
-  static const std::set<std::string> strategies = {"single", "ddp", "full", "gradop", "optimizer", "none", "hybrid"};
-  if (!strategies.count(manifest.strategy)) throw std::runtime_error("unknown strategy '" + manifest.strategy + "'");
-  if (manifest.strategy == "single" && manifest.world_size != 1) {
-    throw std::runtime_error("strategy 'single' at world size " + std::to_string(manifest.world_size));
+  // A row of the strategy table, by name or alias (manifests before the
+  // table said "full", "gradop", "optimizer", "hybrid", "none").
+  const StrategyInfo* strategy = find_strategy(manifest.strategy);
+  if (!strategy) throw std::runtime_error("unknown strategy '" + manifest.strategy + "'");
+  if (!strategy->multi_rank && manifest.world_size != 1) {
+    throw std::runtime_error("strategy '" + manifest.strategy + "' at world size " + std::to_string(manifest.world_size));
   }
   if (manifest.step < 0) throw std::runtime_error("negative step " + std::to_string(manifest.step));
   if (!known_optimizer_kind(manifest.optimizer)) throw std::runtime_error("unknown optimizer '" + manifest.optimizer + "'");

@@ -2,6 +2,8 @@
 // (simulate_step.cpp) and its collectives counted (collectives.cpp).
 #include "plan/plan_internal.h"
 
+#include <dtrain/strategy_table.h>
+
 #include <c10/core/ScalarType.h>
 
 #include <algorithm>
@@ -18,30 +20,23 @@ int64_t MemoryBreakdown::total() const {
 int64_t Plan::overall_peak_bytes() const { return std::max(peak.total(), construction.total()); }
 
 void set_strategy(PlanOptions& options, const std::string& name) {
-  static const std::map<std::string, Sharding> sharded = {
-      {"zero1", Sharding::OptimizerOnly}, {"zero2", Sharding::GradOp}, {"fsdp", Sharding::Full},
-      {"hsdp", Sharding::Hybrid}};
-  if (name == "ddp") {
+  const StrategyInfo* row = find_strategy(name);
+  if (!row || row->name != name || !row->planned)
+    throw std::invalid_argument("unknown strategy '" + name + "'; allowed: " + strategy_list([](const StrategyInfo& r) {
+                                  return r.planned;
+                                }));
+  if (row->engine == StrategyEngine::DDP) {
     options.engine = Engine::DDP;
     return;
   }
-  auto it = sharded.find(name);
-  if (it == sharded.end())
-    throw std::invalid_argument("unknown strategy '" + name + "'; allowed: ddp, zero1, zero2, fsdp, hsdp");
   options.engine = Engine::FSDP;
-  options.fsdp.strategy = it->second;
+  options.fsdp.strategy = row->sharding;
 }
 
 std::string strategy_name(const PlanOptions& options) {
   if (options.engine == Engine::DDP) return "ddp";
-  switch (options.fsdp.strategy) {
-    case Sharding::OptimizerOnly: return "zero1";
-    case Sharding::GradOp: return "zero2";
-    case Sharding::Full: return "fsdp";
-    case Sharding::Hybrid: return "hsdp";
-    case Sharding::None: return "none";
-  }
-  return "?";
+  if (options.fsdp.strategy == Sharding::None) return "none";  // FSDP without sharding: no --strategy of its own
+  return strategy_of(options.fsdp.strategy).name;
 }
 
 namespace {

@@ -2,6 +2,7 @@
 // that can be known before any data is read or any rank starts.
 #include "dtrain/train.h"
 
+#include "dtrain/strategy_table.h"
 #include "train/strategy.h"
 #include "train/training_data.h"
 
@@ -75,29 +76,40 @@ void check_checkpoint_flags(const TrainConfig& c) {
 }
 
 
+// The run features a strategy's row says no to (Note [the strategy table]).
+// Only the parameter server's rows say no today; the messages give its reasons.
+void check_features(const TrainConfig& c, const StrategyInfo& row) {
+  if (c.grad_clip > 0 && !row.grad_clip)
+    fail("--grad-clip clips the global gradient norm, but with --strategy " + c.strategy +
+         " each worker pushes its own gradient and no rank sees the global one: leave --grad-clip out");
+  if (c.on_nonfinite == "skip" && !row.nonfinite_skip)
+    fail("--on-nonfinite skip needs every rank to agree before the update; with --strategy " + c.strategy +
+         " the servers apply each push at once: use --on-nonfinite stop");
+  if (!c.trace_path.empty() && !row.trace)
+    fail("--trace is not available with --strategy " + c.strategy + " yet (the parameter server's loop is not "
+         "instrumented): leave it out");
+  if ((!c.checkpoint_dir.empty() || c.resume) && !row.checkpoints)
+    fail("--checkpoint-dir and --resume are not available with --strategy " + c.strategy +
+         " yet (the optimizer state lives on the servers): leave them out");
+}
+
 // --servers, --staleness, --backup-workers, --slow-rank, --balance (issue 7).
 void check_ps_and_straggler_flags(const TrainConfig& c, int world_size) {
-  const bool ps = c.strategy.rfind("ps-", 0) == 0;
+  const StrategyInfo& row = strategy_info(c.strategy);
+  const bool ps = row.engine == StrategyEngine::ParameterServer;
+  auto names = [](bool (*keep)(const StrategyInfo&)) {  // "ddp or ps-sync", "ps-sync, ps-async or ps-ssp"
+    std::string list = strategy_list(keep);
+    const size_t last = list.rfind(", ");
+    return last == std::string::npos ? list : list.replace(last, 2, " or ");
+  };
   if (ps) {
     if (c.servers < 1 || c.servers >= world_size)
       fail("--servers " + std::to_string(c.servers) + " must be at least 1 and leave at least one worker among the " +
            std::to_string(world_size) + " ranks (--nproc = workers + servers)");
     if (c.staleness < 0) fail("--staleness must be >= 0 steps, got " + std::to_string(c.staleness));
-    if (c.grad_clip > 0)
-      fail("--grad-clip clips the global gradient norm, but with --strategy " + c.strategy +
-           " each worker pushes its own gradient and no rank sees the global one: leave --grad-clip out");
-    if (c.on_nonfinite == "skip")
-      fail("--on-nonfinite skip needs every rank to agree before the update; with --strategy " + c.strategy +
-           " the servers apply each push at once: use --on-nonfinite stop");
-    if (!c.trace_path.empty())
-      fail("--trace is not available with --strategy " + c.strategy + " yet (the parameter server's loop is not "
-           "instrumented): leave it out");
-    if (!c.checkpoint_dir.empty() || c.resume)
-      fail("--checkpoint-dir and --resume are not available with --strategy " + c.strategy +
-           " yet (the optimizer state lives on the servers): leave them out");
-    // Only ps-sync without backup workers keeps the workers in lockstep, so
+    // Only lockstep without backup workers keeps the workers together, so
     // only there can they meet in a collective mid-run.
-    const bool lockstep = c.strategy == "ps-sync" && c.backup_workers == 0;
+    const bool lockstep = row.synchrony == Synchrony::Lockstep && c.backup_workers == 0;
     if (c.eval_every > 0 && !lockstep)
       fail("--eval-every evaluates in lockstep, which would hold back --strategy " + c.strategy +
            (c.backup_workers > 0 ? " with --backup-workers" : "") +
@@ -113,17 +125,18 @@ void check_ps_and_straggler_flags(const TrainConfig& c, int world_size) {
       fail("--batch-size " + std::to_string(c.batch_size) + " is the global batch, split over " +
            std::to_string(workers) + " workers: it must be at least the number of workers");
   } else if (c.servers != 1 || c.staleness != 2) {
-    fail("--servers and --staleness configure the parameter server: they need --strategy ps-sync, ps-async or "
-         "ps-ssp, not " + c.strategy);
+    fail("--servers and --staleness configure the parameter server: they need --strategy " +
+         names([](const StrategyInfo& r) { return r.engine == StrategyEngine::ParameterServer; }) + ", not " +
+         c.strategy);
   }
-  if (c.backup_workers != 0 && c.strategy != "ps-sync")
-    fail("--backup-workers needs --strategy ps-sync: " +
-         std::string(ps ? "in ps-async and ps-ssp no step waits for all workers anyway"
+  if (c.backup_workers != 0 && !row.backup_workers)
+    fail("--backup-workers needs --strategy " + names([](const StrategyInfo& r) { return r.backup_workers; }) + ": " +
+         std::string(ps ? "in " + c.strategy + " no step waits for all workers anyway"
                         : "an all-reduce cannot proceed without the late rank, so with --strategy " + c.strategy +
                               " every step waits for the slowest; ps-sync servers can apply a step without it"));
-  if (c.balance && c.strategy != "ddp" && c.strategy != "ps-sync")
-    fail("--balance re-splits the global batch of synchronous data parallelism: it needs --strategy ddp or ps-sync, "
-         "not " + c.strategy);
+  if (c.balance && !row.balance)
+    fail("--balance re-splits the global batch of synchronous data parallelism: it needs --strategy " +
+         names([](const StrategyInfo& r) { return r.balance; }) + ", not " + c.strategy);
   if (c.slow_rank >= world_size)
     fail("--slow-rank " + std::to_string(c.slow_rank) + ": there is no such rank among the " +
          std::to_string(world_size) + " (ranks are 0.." + std::to_string(world_size - 1) + ")");
@@ -160,6 +173,7 @@ void check_train_config(const TrainConfig& c, int world_size) {
 
   train::check_strategy({.name = c.strategy, .compress = c.compress, .mixed_precision = c.mixed_precision},
                         world_size);
+  check_features(c, strategy_info(c.strategy));
   check_ps_and_straggler_flags(c, world_size);
 
   if (c.steps < 0 || c.epochs < 0 || (c.steps > 0) == (c.epochs > 0))

@@ -3,6 +3,7 @@
 #include "dtrain/plan.h"
 #include "train/model.h"
 #include "train/progress.h"
+#include "dtrain/strategy_table.h"
 #include "train/strategy.h"
 
 #include <algorithm>
@@ -13,7 +14,8 @@ namespace dtrain::train {
 plan::Plan plan_for(const TrainConfig& config, const std::string& strategy, int world_size) {
   plan::PlanOptions options;
   plan::set_strategy(options, strategy);
-  if (strategy != "ddp") {
+  const bool sharded = strategy_info(strategy).engine == StrategyEngine::FSDP;
+  if (sharded) {
     options.fsdp = fsdp_options({.name = strategy, .compress = "none", .mixed_precision = config.mixed_precision},
                                 world_size);
   }
@@ -22,7 +24,7 @@ plan::Plan plan_for(const TrainConfig& config, const std::string& strategy, int 
   options.optimizer = plan::optimizer_from(config.optimizer, config.momentum);
   options.init_from = !config.init_from.empty();
   const int64_t batch_per_rank = (config.batch_size + world_size - 1) / world_size;
-  const auto compute = strategy == "ddp" ? torch::kFloat32 : options.fsdp.mixed_precision.param_dtype;
+  const auto compute = sharded ? options.fsdp.mixed_precision.param_dtype : torch::kFloat32;
   const auto model = plan::describe_model(config.model, gpt_config(config), config.mlp_hidden, batch_per_rank, compute);
   return plan::make_plan(model, options);
 }
@@ -41,7 +43,8 @@ std::string construction_advice(const TrainConfig& config, int world_size) {
 
 std::string step_advice(const TrainConfig& config) {
   if (builds_deferred(config.strategy)) {
-    const std::string full_sharding = config.strategy == "zero1" || config.strategy == "zero2"
+    const Sharding sharding = strategy_info(config.strategy).sharding;
+    const std::string full_sharding = sharding == Sharding::OptimizerOnly || sharding == Sharding::GradOp
                                           ? "--strategy fsdp (it frees each unit's gathered weights after its forward), "
                                           : "";
     return "Use " + full_sharding + "more ranks (--nproc), a smaller --batch-size, --mixed-precision bf16, or raise the "
@@ -51,7 +54,7 @@ std::string step_advice(const TrainConfig& config) {
 }
 
 std::optional<std::string> memory_summary(const TrainConfig& config, int world_size, const TrainResult& result) {
-  if (config.strategy == "single" || config.strategy == "ddp" || result.peak_memory_bytes_per_rank.empty())
+  if (strategy_info(config.strategy).engine != StrategyEngine::FSDP || result.peak_memory_bytes_per_rank.empty())
     return std::nullopt;
   try {
     const plan::Plan planned = plan_for(config, config.strategy, world_size);

@@ -1,5 +1,7 @@
 #include "train/model.h"
 
+#include <dtrain/strategy_table.h>
+
 #include <torch/nn/functional/loss.h>
 
 #include <optional>
@@ -7,9 +9,7 @@
 
 namespace dtrain::train {
 
-bool builds_deferred(const std::string& strategy) {
-  return strategy == "zero1" || strategy == "zero2" || strategy == "fsdp" || strategy == "hsdp";
-}
+bool builds_deferred(const std::string& strategy) { return strategy_info(strategy).deferred_construction; }
 
 Model build_model(const TrainConfig& config, bool deferred) {
   std::optional<DeferredConstruction> deferring;

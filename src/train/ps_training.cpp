@@ -3,6 +3,7 @@
 #include "dtrain/data.h"
 #include "dtrain/memory.h"
 #include "dtrain/ps.h"
+#include "dtrain/strategy_table.h"
 #include "train/evaluate.h"
 #include "train/initial_weights.h"
 #include "train/lr_schedule.h"
@@ -32,9 +33,12 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 ps::Mode mode_of(const std::string& strategy) {
-  if (strategy == "ps-sync") return ps::Mode::Sync;
-  if (strategy == "ps-async") return ps::Mode::Async;
-  return ps::Mode::SSP;
+  switch (strategy_info(strategy).synchrony) {
+    case Synchrony::Lockstep: return ps::Mode::Sync;
+    case Synchrony::Asynchronous: return ps::Mode::Async;
+    case Synchrony::BoundedStaleness: return ps::Mode::SSP;
+  }
+  return ps::Mode::Sync;
 }
 
 // evaluate() runs the model through a Strategy; a worker's module is plain
@@ -60,7 +64,9 @@ class PlainForward final : public Strategy {
 
 }  // namespace
 
-bool is_parameter_server(const std::string& strategy) { return strategy.rfind("ps-", 0) == 0; }
+bool is_parameter_server(const std::string& strategy) {
+  return strategy_info(strategy).engine == StrategyEngine::ParameterServer;
+}
 
 TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
   const int world_size = world->size();
@@ -70,10 +76,10 @@ TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
 
   ps::Group group(world, {.mode = mode_of(config.strategy),
                           .servers = config.servers,
-                          .staleness = config.strategy == "ps-ssp" ? config.staleness : 0,
+                          .staleness = mode_of(config.strategy) == ps::Mode::SSP ? config.staleness : 0,
                           .backup_workers = config.backup_workers});
   const int workers = group.workers();
-  const bool lockstep = config.strategy == "ps-sync" && config.backup_workers == 0;
+  const bool lockstep = mode_of(config.strategy) == ps::Mode::Sync && config.backup_workers == 0;
   const OptimizerConfig optimizer_config{
       .name = config.optimizer, .lr = config.lr, .momentum = config.momentum, .weight_decay = config.weight_decay};
 
@@ -132,7 +138,7 @@ TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
                 << "  strategy  " << config.strategy << " on " << world_size << " ranks: " << workers
                 << (workers == 1 ? " worker" : " workers") << " (ranks 0-" << workers - 1 << "), " << config.servers
                 << (config.servers == 1 ? " server" : " servers");
-      if (config.strategy == "ps-ssp") std::cout << ", staleness bound " << config.staleness;
+      if (mode_of(config.strategy) == ps::Mode::SSP) std::cout << ", staleness bound " << config.staleness;
       if (config.backup_workers > 0) std::cout << ", " << config.backup_workers << " backup worker(s)";
       if (config.slow_rank >= 0) std::cout << "; rank " << config.slow_rank << " slowed " << config.slow_factor << "x";
       std::cout << "\n  schedule  " << total << " steps of " << batch << " samples, " << config.optimizer << " lr "

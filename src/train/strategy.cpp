@@ -3,6 +3,7 @@
 #include "dtrain/comm_hooks.h"
 #include "dtrain/ddp.h"
 #include "dtrain/fsdp.h"
+#include "dtrain/strategy_table.h"
 #include "train/initial_weights.h"
 
 #include <algorithm>
@@ -11,12 +12,14 @@
 namespace dtrain {
 
 std::vector<std::string> strategy_names() {
-  return {"single", "ddp", "zero1", "zero2", "fsdp", "hsdp", "ps-sync", "ps-async", "ps-ssp"};
+  std::vector<std::string> names;
+  for (const auto& row : strategy_table()) names.emplace_back(row.name);
+  return names;
 }
 
 bool strategy_available(const std::string& strategy) {
-  const auto names = strategy_names();
-  return std::find(names.begin(), names.end(), strategy) != names.end();
+  const StrategyInfo* row = find_strategy(strategy);
+  return row && row->name == strategy;  // an alias is a manifest's word, not a --strategy
 }
 
 namespace train {
@@ -26,12 +29,6 @@ std::string join(const std::vector<std::string>& values) {
   std::string text;
   for (const auto& value : values) text += (text.empty() ? "" : ", ") + value;
   return text;
-}
-
-std::vector<std::string> available_strategies() {
-  std::vector<std::string> names = strategy_names();
-  std::erase_if(names, [](const std::string& name) { return !strategy_available(name); });
-  return names;
 }
 
 // One process, the whole model, no communication.
@@ -127,54 +124,53 @@ class FullySharded final : public Strategy {
 // otherwise over the whole world.
 FSDPOptions fsdp_options(const StrategyOptions& options, int world_size) {
   FSDPOptions fsdp;
-  fsdp.strategy = options.name == "zero1"   ? Sharding::OptimizerOnly
-                  : options.name == "zero2" ? Sharding::GradOp
-                  : options.name == "hsdp"  ? Sharding::Hybrid
-                                            : Sharding::Full;
+  fsdp.strategy = strategy_info(options.name).sharding;
   fsdp.hybrid_group_size = (world_size % 2 == 0 && world_size >= 4) ? world_size / 2 : world_size;
   if (options.mixed_precision == "bf16") fsdp.mixed_precision.param_dtype = torch::kBFloat16;
   return fsdp;
 }
 
 void check_strategy(const StrategyOptions& options, int world_size) {
-  const auto names = strategy_names();
-  if (std::find(names.begin(), names.end(), options.name) == names.end())
-    throw std::invalid_argument("--strategy '" + options.name + "' is not one of " + join(names));
   if (!strategy_available(options.name))
-    throw std::invalid_argument("strategy '" + options.name + "' is not available yet (available: " +
-                                join(available_strategies()) + ")");
-  if (options.name == "single" && world_size > 1)
-    throw std::invalid_argument("--strategy single trains one process, but this job has " +
+    throw std::invalid_argument("--strategy '" + options.name + "' is not one of " + join(strategy_names()));
+  const StrategyInfo& row = strategy_info(options.name);
+  if (!row.multi_rank && world_size > 1)
+    throw std::invalid_argument("--strategy " + options.name + " trains one process, but this job has " +
                                 std::to_string(world_size) + " ranks: use --strategy ddp (or --nproc 1)");
   const std::vector<std::string> compressions{"none", "bf16", "powersgd", "topk"};
   if (std::find(compressions.begin(), compressions.end(), options.compress) == compressions.end())
     throw std::invalid_argument("--compress '" + options.compress + "' is not one of " + join(compressions));
-  if (options.compress != "none" && options.name != "ddp")
-    throw std::invalid_argument("--compress " + options.compress +
-                                " compresses DDP's gradient all-reduce: it needs --strategy ddp, not " + options.name);
+  if (options.compress != "none" && !row.compression)
+    throw std::invalid_argument("--compress " + options.compress + " compresses DDP's gradient all-reduce: it needs --strategy " +
+                                strategy_list([](const StrategyInfo& r) { return r.compression; }) + ", not " +
+                                options.name);
   if (options.mixed_precision != "none" && options.mixed_precision != "bf16")
     throw std::invalid_argument("--mixed-precision '" + options.mixed_precision + "' is not one of none, bf16");
   // Note: bf16 compute with fp32 master weights belongs to the sharded
   // strategies (FSDP's mixed precision); single and ddp train in fp32.
   // The parameter server moves float32 parameters and gradients (ps.h).
-  if (options.mixed_precision != "none" && options.name.rfind("ps-", 0) == 0)
-    throw std::invalid_argument("--mixed-precision " + options.mixed_precision + " is not available with --strategy " +
-                                options.name + ": the parameter server trains in fp32 (use --mixed-precision none)");
-  if (options.mixed_precision == "bf16" && (options.name == "single" || options.name == "ddp"))
-    throw std::invalid_argument("--mixed-precision bf16 is not available with --strategy " + options.name +
-                                ": single and ddp train in fp32 (use --mixed-precision none)");
+  if (options.mixed_precision == "bf16" && !row.bf16)
+    throw std::invalid_argument(
+        "--mixed-precision bf16 is not available with --strategy " + options.name + ": " +
+        (row.engine == StrategyEngine::ParameterServer ? "the parameter server trains in fp32"
+                                                       : "single and ddp train in fp32") +
+        " (use --mixed-precision none, or --strategy " + strategy_list([](const StrategyInfo& r) { return r.bf16; }) +
+        ")");
 }
 
 std::unique_ptr<Strategy> wrap_model(Model& model, const StrategyOptions& options, CommPtr world) {
   check_strategy(options, world->size());
-  if (options.name == "single") return std::make_unique<SingleProcess>(model);
-  if (options.name.rfind("ps-", 0) == 0)
-    throw std::invalid_argument("--strategy " + options.name + " does not wrap a model: run_training hands it to "
-                                "train::run_parameter_server (src/train/ps_training.h)");
-  if (options.name == "ddp") {
-    DDPOptions ddp_options;
-    ddp_options.comm_hook = hooks::by_name(options.compress);
-    return std::make_unique<DataParallel>(model, std::move(world), std::move(ddp_options));
+  switch (strategy_info(options.name).engine) {
+    case StrategyEngine::SingleProcess: return std::make_unique<SingleProcess>(model);
+    case StrategyEngine::ParameterServer:
+      throw std::invalid_argument("--strategy " + options.name + " does not wrap a model: run_training hands it to "
+                                  "train::run_parameter_server (src/train/ps_training.h)");
+    case StrategyEngine::DDP: {
+      DDPOptions ddp_options;
+      ddp_options.comm_hook = hooks::by_name(options.compress);
+      return std::make_unique<DataParallel>(model, std::move(world), std::move(ddp_options));
+    }
+    case StrategyEngine::FSDP: break;
   }
   return std::make_unique<FullySharded>(model, world, fsdp_options(options, world->size()), options.name);
 }

@@ -1,8 +1,8 @@
 // How a model is spread over the ranks (--strategy): the one place that
 // wraps a model for a data-parallel engine. The trainer sees only Strategy.
 //
-// To add a strategy: list it in strategy_names() (strategy.cpp), make
-// strategy_available() say yes, and construct it in wrap_model().
+// What each strategy name means and supports is its row in the strategy
+// table (include/dtrain/strategy_table.h); wrap_model() builds its engine.
 #pragma once
 
 #include "dtrain/checkpoint.h"

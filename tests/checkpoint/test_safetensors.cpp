@@ -572,6 +572,7 @@ TEST(CheckpointManifest, PiecesCoverEachTensorExactlyOnce) {
 // state with the optimizer and with the tensors it belongs to.
 TEST(CheckpointManifest, FieldsAgreeWithEachOther) {
   struct Fields {
+    // "full": what saves before the strategy table wrote for fsdp, which still loads.
     std::string strategy = "full", optimizer = "adamw", second_file = "rank-00001-of-00002.safetensors";
     std::string state = R"("optim/w/exp_avg":{"dtype":"float32","shape":[4]},"optim/w/step":{"dtype":"int64","shape":[1]})";
     std::string state_pieces = R"(,["optim/w/exp_avg",0,4],["optim/w/step",0,1])";
@@ -593,7 +594,7 @@ TEST(CheckpointManifest, FieldsAgreeWithEachOther) {
   add([](Fields& f) { f.second_file = "rank-00001-of-00003.safetensors"; },
       "file 1 is named 'rank-00001-of-00003.safetensors', not 'rank-00001-of-00002.safetensors'");
   add([](Fields& f) { f.second_file = "rank-00000-of-00002.safetensors"; }, "file 1 is named");
-  add([](Fields& f) { f.strategy = "fsdp"; }, "unknown strategy 'fsdp'");
+  add([](Fields& f) { f.strategy = "zero9"; }, "unknown strategy 'zero9'");
   add([](Fields& f) { f.strategy = "single"; }, "strategy 'single' at world size 2");
   add([](Fields& f) { f.optimizer = "lamb"; }, "unknown optimizer 'lamb'");
   add([](Fields& f) { f.optimizer = "none"; }, "'optim/w/exp_avg' is no none state");

@@ -3,6 +3,7 @@
 // tiny run through the library call.
 #include "dtrain/comm.h"
 #include "dtrain/memory.h"
+#include "dtrain/strategy_table.h"
 #include "dtrain/train.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
@@ -10,6 +11,7 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -162,6 +164,58 @@ TEST(Metrics, WritesOneJsonObjectPerLine) {
   EXPECT_EQ(second, R"({"step":2,"loss":null})");
   EXPECT_FALSE(std::getline(in, third));
   std::filesystem::remove(path);
+}
+
+// A step line for every multiple of log_every reached, also when step
+// numbers are jumped over (a parameter-server worker whose push was late),
+// and for the last step; a resumed run does not repeat the line it resumed at.
+TEST(Metrics, StepLogLinesSurviveJumps) {
+  const auto path = std::filesystem::temp_directory_path() / ("dtrain_steplog_" + std::to_string(getpid()) + ".jsonl");
+  auto steps_logged = [&](int64_t log_every, std::vector<int64_t> dones, int64_t total) {
+    std::vector<int64_t> logged;
+    {
+      dtrain::train::MetricsWriter writer(path.string());
+      dtrain::train::StepLog log(writer, log_every, "samples_per_s");
+      for (int64_t done : dones) log.record(done, total, 1.0, 0.1, 0.01, 10);
+    }
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) logged.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());
+    return logged;
+  };
+  EXPECT_EQ(steps_logged(10, {1, 2, 8, 11, 15, 18, 20}, 20), (std::vector<int64_t>{11, 20}));
+  EXPECT_EQ(steps_logged(1, {1, 2, 5, 6}, 9), (std::vector<int64_t>{1, 2, 5, 6}));
+  EXPECT_EQ(steps_logged(3, {1, 2, 3, 4, 5, 6}, 6), (std::vector<int64_t>{3, 6}));
+  EXPECT_EQ(steps_logged(10, {51, 52, 60, 61}, 70), (std::vector<int64_t>{60}));  // resumed after step 50
+  std::filesystem::remove(path);
+}
+
+// Issue 17: one row per strategy, read by every check.
+TEST(StrategyTable, NamesAliasesAndFlags) {
+  const auto names = dtrain::strategy_names();
+  EXPECT_EQ(names, (std::vector<std::string>{"single", "ddp", "zero1", "zero2", "fsdp", "hsdp", "ps-sync", "ps-async",
+                                             "ps-ssp"}));
+  for (const auto& row : dtrain::strategy_table()) {
+    EXPECT_EQ(dtrain::find_strategy(row.name), &row);
+    for (const char* alias : row.aliases) EXPECT_EQ(dtrain::find_strategy(alias), &row) << alias;
+    EXPECT_TRUE(dtrain::strategy_available(row.name));
+    if (row.engine == dtrain::StrategyEngine::FSDP) EXPECT_EQ(&dtrain::strategy_of(row.sharding), &row) << row.name;
+  }
+  // Older manifests' words still name their strategy, but are no --strategy.
+  EXPECT_STREQ(dtrain::strategy_info("full").name, "fsdp");
+  EXPECT_STREQ(dtrain::strategy_info("hybrid").name, "hsdp");
+  EXPECT_FALSE(dtrain::strategy_available("full"));
+  EXPECT_STREQ(dtrain::strategy_of(dtrain::Sharding::None).name, "ddp");
+  EXPECT_EQ(dtrain::find_strategy("zero9"), nullptr);
+  try {
+    dtrain::strategy_info("zero9");
+    FAIL() << "expected an error";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("unknown strategy 'zero9'; one of single, ddp, zero1"), std::string::npos);
+  }
+  EXPECT_EQ(dtrain::strategy_list([](const dtrain::StrategyInfo& r) { return r.planned; }), "ddp, zero1, zero2, fsdp, hsdp");
+  EXPECT_FALSE(dtrain::strategy_info("ps-async").grad_clip);
+  EXPECT_TRUE(dtrain::strategy_info("ps-sync").backup_workers);
+  EXPECT_FALSE(dtrain::strategy_info("ps-ssp").backup_workers);
 }
 
 TEST(Metrics, MissingFolderIsAClearError) {
