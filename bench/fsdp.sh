@@ -12,13 +12,8 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 RESULTS=bench/results
 
-# The pinned torch wheel's virtual environment (scripts/setup), found from the
-# LibTorch prefix the build recorded: <venv>/lib/python3.X/site-packages/torch/share/cmake.
-torch_prefix=$(cat "$BUILD/.torch-prefix")
-venv=${torch_prefix%%/lib/python*}
-[[ -x "$venv/bin/torchrun" ]] || { echo "bench/fsdp.sh: no torchrun in $venv/bin (run make build)" >&2; exit 1; }
-# The wheel's venv has no NumPy; torch warns about that once per rank.
-export PYTHONWARNINGS="ignore:Failed to initialize NumPy"
+# shellcheck source=bench/torch_venv.sh
+source bench/torch_venv.sh  # $venv: the pinned torch wheel's virtual environment
 
 # The peer follows the same protocol: --rounds, when given, goes to it too.
 peer_args=()

@@ -4,7 +4,9 @@
 #include "dtrain/comm.h"
 #include "dtrain/fsdp.h"
 #include "dtrain/models.h"
+#include "common/timing.h"
 
+#include <CLI/CLI.hpp>
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 #include <torch/optim/adamw.h>
@@ -33,11 +35,6 @@ double timed(Communicator& world, const std::function<void()>& work) {
   work();
   world.barrier()->wait();
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 // Reading right after writing would measure the page cache, not the disk.
@@ -161,6 +158,24 @@ int bench_checkpoint_rank(const BenchCheckpointOptions& options) {
   }
   world->barrier()->wait();
   return 0;
+}
+
+CLI::App* add_bench_checkpoint_subcommand(CLI::App& bench, BenchCheckpointOptions& options) {
+  CLI::App* command = bench.add_subcommand(
+      "checkpoint", "Sharded checkpoint save and load throughput (MB/s per rank) and resharding time");
+  command->add_option("--nproc", options.nproc, "Number of ranks")->check(CLI::PositiveNumber);
+  command->add_option("--backend", options.backend, "mpi or c10d")
+      ->check(CLI::IsMember({"mpi", "c10d"}));
+  command->add_option("--layers", options.layers, "GPT blocks")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  command->add_option("--dim", options.dim, "GPT width (a multiple of 8)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  command->add_option("--rounds", options.rounds, "Repetitions (the median is reported)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  command->add_option("--dir", options.dir, "Where to write the checkpoint (removed at the end)")
+      ->capture_default_str();
+  command->add_option("--json", options.json_path, "Also write the results as JSON to this path");
+  return command;
 }
 
 }  // namespace dtrain::cli

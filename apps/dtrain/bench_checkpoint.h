@@ -5,6 +5,10 @@
 
 #include <string>
 
+namespace CLI {
+class App;
+}
+
 namespace dtrain::cli {
 
 struct BenchCheckpointOptions {
@@ -19,5 +23,8 @@ struct BenchCheckpointOptions {
 
 // Runs inside a launched job: every rank calls it.
 int bench_checkpoint_rank(const BenchCheckpointOptions& options);
+
+// Declares `dtrain bench checkpoint` and its flags under `bench`.
+CLI::App* add_bench_checkpoint_subcommand(CLI::App& bench, BenchCheckpointOptions& options);
 
 }  // namespace dtrain::cli

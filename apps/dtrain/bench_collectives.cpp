@@ -1,7 +1,9 @@
 #include "bench_collectives.h"
 
 #include "dtrain/comm.h"
+#include "common/timing.h"
 
+#include <CLI/CLI.hpp>
 #include <mpi.h>
 #include <nlohmann/json.hpp>
 
@@ -59,11 +61,6 @@ double bus_bandwidth_gbps(Op op, int64_t bytes, double seconds, int world) {
 }
 
 constexpr int kRounds = 5;
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
 
 // Mean seconds per call over `iterations`, the slowest rank's.
 double time_calls(Communicator& world, int iterations, const std::function<void()>& call) {
@@ -200,6 +197,16 @@ int bench_collectives_rank(const BenchCollectivesOptions& options) {
     }
   }
   return 0;
+}
+
+CLI::App* add_bench_collectives_subcommand(CLI::App& bench, BenchCollectivesOptions& options) {
+  CLI::App* command = bench.add_subcommand("collectives", "Bus bandwidth of dtrain's collectives vs the raw backend");
+  command->add_option("--nproc", options.nproc, "Number of ranks")->check(CLI::PositiveNumber);
+  command->add_option("--backend", options.backend, "mpi or c10d")->check(CLI::IsMember({"mpi", "c10d"}));
+  command->add_option("--json", options.json_path, "Also write the results as JSON to this path");
+  command->add_option("--max-bytes", options.max_bytes, "Largest message in bytes (default 256 MiB)")
+      ->check(CLI::Range(int64_t{4} << 10, int64_t{4} << 30));
+  return command;
 }
 
 }  // namespace dtrain::cli

@@ -6,6 +6,10 @@
 #include <cstdint>
 #include <string>
 
+namespace CLI {
+class App;
+}
+
 namespace dtrain::cli {
 
 struct BenchCollectivesOptions {
@@ -18,5 +22,8 @@ struct BenchCollectivesOptions {
 
 // Runs inside a launched job: every rank calls it.
 int bench_collectives_rank(const BenchCollectivesOptions& options);
+
+// Declares `dtrain bench collectives` and its flags under `bench`.
+CLI::App* add_bench_collectives_subcommand(CLI::App& bench, BenchCollectivesOptions& options);
 
 }  // namespace dtrain::cli

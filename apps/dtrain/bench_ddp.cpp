@@ -4,7 +4,9 @@
 #include "dtrain/comm_hooks.h"
 #include "dtrain/ddp.h"
 #include "dtrain/models.h"
+#include "common/timing.h"
 
+#include <CLI/CLI.hpp>
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/functional/loss.h>
@@ -83,11 +85,6 @@ struct Result {
   int64_t bytes_sent_per_step = 0;
   std::vector<double> step_samples;
 };
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
 
 template <class Model>
 double train_step(Replica<Model>& replica, Communicator& world, const Batch& batch) {
@@ -261,6 +258,20 @@ int bench_ddp_rank(const BenchDDPOptions& options) {
     }
   }
   return 0;
+}
+
+CLI::App* add_bench_ddp_subcommand(CLI::App& bench, BenchDDPOptions& options) {
+  CLI::App* command = bench.add_subcommand("ddp", "Step time of dtrain DDP vs no communication and a naive all-reduce");
+  command->add_option("--nproc", options.nproc, "Number of ranks")->check(CLI::PositiveNumber);
+  command->add_option("--backend", options.backend, "mpi or c10d")->check(CLI::IsMember({"mpi", "c10d"}));
+  command->add_option("--model", options.model, "mlp (communication-bound), gpt (compute-bound) or all")
+      ->check(CLI::IsMember({"mlp", "gpt", "all"}));
+  command->add_option("--steps", options.steps, "Timed steps per mode per round (default: mlp 20, gpt 4)")
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--rounds", options.rounds, "Rounds in which the modes take turns")->check(CLI::PositiveNumber);
+  command->add_option("--warmup", options.warmup, "Untimed steps per mode first")->check(CLI::NonNegativeNumber);
+  command->add_option("--json", options.json_path, "Also write the results as JSON to this path");
+  return command;
 }
 
 }  // namespace dtrain::cli

@@ -8,6 +8,10 @@
 
 #include <string>
 
+namespace CLI {
+class App;
+}
+
 namespace dtrain::cli {
 
 struct BenchDDPOptions {
@@ -24,5 +28,8 @@ struct BenchDDPOptions {
 
 // Runs inside a launched job: every rank calls it.
 int bench_ddp_rank(const BenchDDPOptions& options);
+
+// Declares `dtrain bench ddp` and its flags under `bench`.
+CLI::App* add_bench_ddp_subcommand(CLI::App& bench, BenchDDPOptions& options);
 
 }  // namespace dtrain::cli

@@ -8,7 +8,9 @@
 #include "dtrain/memory.h"
 #include "dtrain/models.h"
 #include "dtrain/plan.h"
+#include "common/timing.h"
 
+#include <CLI/CLI.hpp>
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/functional/loss.h>
@@ -63,21 +65,9 @@ constexpr double kWeightDecay = 0.01;
 constexpr double kRuntimeAllowanceGiB = 0.4;
 const std::vector<std::string> kSpeedModes{"ddp", "fsdp", "fsdp-no-prefetch"};
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+using Clock = SteadyClock;
 double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
 double mib(double bytes) { return bytes / (1024.0 * 1024); }
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
-std::string join(const std::vector<std::string>& values) {
-  std::string text;
-  for (const auto& v : values) text += (text.empty() ? "" : ",") + v;
-  return text;
-}
 
 bool write_json(const std::string& path, const nlohmann::json& document) {
   // Written beside the target and renamed, so a reader never sees half a file.
@@ -306,7 +296,7 @@ int run_job(const BenchFSDPOptions& options, const std::string& job, int nproc, 
                             "--speed-steps", std::to_string(options.speed_steps),
                             "--rounds", std::to_string(options.rounds),
                             "--warmup", std::to_string(options.warmup)};
-  if (!strategies.empty()) launch_options.command.insert(launch_options.command.end(), {"--strategies", join(strategies)});
+  if (!strategies.empty()) launch_options.command.insert(launch_options.command.end(), {"--strategies", join(strategies, ",")});
   return launch(launch_options);
 }
 
@@ -451,6 +441,35 @@ int bench_fsdp(const BenchFSDPOptions& options) {
     return 1;
   }
   return 0;
+}
+
+CLI::App* add_bench_fsdp_subcommand(CLI::App& bench, BenchFSDPOptions& options) {
+  CLI::App* command = bench.add_subcommand(
+      "fsdp", "Per-rank peak memory of DDP, ZeRO-1/2 and full sharding next to dtrain plan; FSDP vs DDP step time");
+  command->add_option("--parts", options.parts, "memory, speed (comma-separated)")
+      ->delimiter(',')->check(CLI::IsMember({"memory", "speed"}))->capture_default_str();
+  command->add_option("--world-sizes", options.world_sizes, "Memory part: world sizes (comma-separated)")
+      ->delimiter(',')->check(CLI::Range(1, 64))->capture_default_str();
+  command->add_option("--strategies", options.strategies, "Memory part: ddp, zero1, zero2, fsdp (comma-separated)")
+      ->delimiter(',')->check(CLI::IsMember({"ddp", "zero1", "zero2", "fsdp"}))->capture_default_str();
+  command->add_option("--backend", options.backend, "mpi or c10d")->check(CLI::IsMember({"mpi", "c10d"}));
+  command->add_option("--memory-steps", options.memory_steps,
+                       "Memory part: steps per run (the first builds the optimizer state; the peak is over the rest)")
+      ->check(CLI::Range(2, 100))->capture_default_str();
+  command->add_option("--max-job-gib", options.max_job_gib,
+                       "Memory part: skip runs whose ranks together are planned to need more (GiB)")
+      ->check(CLI::Range(0.1, 1e6))->capture_default_str();
+  command->add_option("--speed-steps", options.speed_steps, "Speed part: timed steps per mode per round")
+      ->check(CLI::Range(1, 1000))->capture_default_str();
+  command->add_option("--rounds", options.rounds, "Speed part: rounds in which the modes take turns")
+      ->check(CLI::Range(1, 1000))->capture_default_str();
+  command->add_option("--warmup", options.warmup, "Speed part: untimed steps per mode first")
+      ->check(CLI::Range(0, 1000))->capture_default_str();
+  command->add_option("--json", options.json_path, "Also write the results as JSON to this path");
+  command->add_option("--job", options.job, "(internal) the part a launched job runs")
+      ->check(CLI::IsMember({"memory", "speed"}))->group("");
+  command->add_option("--job-json", options.job_json, "(internal) where the job writes its results")->group("");
+  return command;
 }
 
 }  // namespace dtrain::cli

@@ -16,6 +16,10 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;
+}
+
 namespace dtrain::cli {
 
 struct BenchFSDPOptions {
@@ -41,5 +45,8 @@ struct BenchFSDPOptions {
 int bench_fsdp(const BenchFSDPOptions& options);
 // Inside a launched job: every rank calls it.
 int bench_fsdp_rank(const BenchFSDPOptions& options);
+
+// Declares `dtrain bench fsdp` and its flags under `bench`.
+CLI::App* add_bench_fsdp_subcommand(CLI::App& bench, BenchFSDPOptions& options);
 
 }  // namespace dtrain::cli

@@ -1,5 +1,5 @@
-// The dtrain command line. Each subcommand lives in its own file; this one
-// only declares flags and dispatches.
+// The dtrain command line. Each subcommand lives in its own file, which also
+// declares its flags (add_*_subcommand); this one builds the tree and dispatches.
 #include "bench_checkpoint.h"
 #include "bench_collectives.h"
 #include "bench_ddp.h"
@@ -7,6 +7,7 @@
 #include "checkpoint.h"
 #include "launch.h"
 #include "plan.h"
+#include "relaunch.h"
 #include "trace.h"
 #include "train.h"
 
@@ -48,67 +49,13 @@ int main(int argc, char** argv) {
   auto* bench_cmd = app.add_subcommand("bench", "Benchmarks");
   bench_cmd->require_subcommand(1);
   dtrain::cli::BenchCollectivesOptions bench;
-  auto* collectives_cmd = bench_cmd->add_subcommand("collectives", "Bus bandwidth of dtrain's collectives vs the raw backend");
-  collectives_cmd->add_option("--nproc", bench.nproc, "Number of ranks")->check(CLI::PositiveNumber);
-  collectives_cmd->add_option("--backend", bench.backend, "mpi or c10d")->check(CLI::IsMember({"mpi", "c10d"}));
-  collectives_cmd->add_option("--json", bench.json_path, "Also write the results as JSON to this path");
-  collectives_cmd->add_option("--max-bytes", bench.max_bytes, "Largest message in bytes (default 256 MiB)")
-      ->check(CLI::Range(int64_t{4} << 10, int64_t{4} << 30));
-
+  auto* collectives_cmd = dtrain::cli::add_bench_collectives_subcommand(*bench_cmd, bench);
   dtrain::cli::BenchDDPOptions bench_ddp;
-  auto* ddp_cmd = bench_cmd->add_subcommand("ddp", "Step time of dtrain DDP vs no communication and a naive all-reduce");
-  ddp_cmd->add_option("--nproc", bench_ddp.nproc, "Number of ranks")->check(CLI::PositiveNumber);
-  ddp_cmd->add_option("--backend", bench_ddp.backend, "mpi or c10d")->check(CLI::IsMember({"mpi", "c10d"}));
-  ddp_cmd->add_option("--model", bench_ddp.model, "mlp (communication-bound), gpt (compute-bound) or all")
-      ->check(CLI::IsMember({"mlp", "gpt", "all"}));
-  ddp_cmd->add_option("--steps", bench_ddp.steps, "Timed steps per mode per round (default: mlp 20, gpt 4)")
-      ->check(CLI::NonNegativeNumber);
-  ddp_cmd->add_option("--rounds", bench_ddp.rounds, "Rounds in which the modes take turns")->check(CLI::PositiveNumber);
-  ddp_cmd->add_option("--warmup", bench_ddp.warmup, "Untimed steps per mode first")->check(CLI::NonNegativeNumber);
-  ddp_cmd->add_option("--json", bench_ddp.json_path, "Also write the results as JSON to this path");
-
+  auto* ddp_cmd = dtrain::cli::add_bench_ddp_subcommand(*bench_cmd, bench_ddp);
   dtrain::cli::BenchFSDPOptions bench_fsdp;
-  auto* fsdp_cmd = bench_cmd->add_subcommand(
-      "fsdp", "Per-rank peak memory of DDP, ZeRO-1/2 and full sharding next to dtrain plan; FSDP vs DDP step time");
-  fsdp_cmd->add_option("--parts", bench_fsdp.parts, "memory, speed (comma-separated)")
-      ->delimiter(',')->check(CLI::IsMember({"memory", "speed"}))->capture_default_str();
-  fsdp_cmd->add_option("--world-sizes", bench_fsdp.world_sizes, "Memory part: world sizes (comma-separated)")
-      ->delimiter(',')->check(CLI::Range(1, 64))->capture_default_str();
-  fsdp_cmd->add_option("--strategies", bench_fsdp.strategies, "Memory part: ddp, zero1, zero2, fsdp (comma-separated)")
-      ->delimiter(',')->check(CLI::IsMember({"ddp", "zero1", "zero2", "fsdp"}))->capture_default_str();
-  fsdp_cmd->add_option("--backend", bench_fsdp.backend, "mpi or c10d")->check(CLI::IsMember({"mpi", "c10d"}));
-  fsdp_cmd->add_option("--memory-steps", bench_fsdp.memory_steps,
-                       "Memory part: steps per run (the first builds the optimizer state; the peak is over the rest)")
-      ->check(CLI::Range(2, 100))->capture_default_str();
-  fsdp_cmd->add_option("--max-job-gib", bench_fsdp.max_job_gib,
-                       "Memory part: skip runs whose ranks together are planned to need more (GiB)")
-      ->check(CLI::Range(0.1, 1e6))->capture_default_str();
-  fsdp_cmd->add_option("--speed-steps", bench_fsdp.speed_steps, "Speed part: timed steps per mode per round")
-      ->check(CLI::Range(1, 1000))->capture_default_str();
-  fsdp_cmd->add_option("--rounds", bench_fsdp.rounds, "Speed part: rounds in which the modes take turns")
-      ->check(CLI::Range(1, 1000))->capture_default_str();
-  fsdp_cmd->add_option("--warmup", bench_fsdp.warmup, "Speed part: untimed steps per mode first")
-      ->check(CLI::Range(0, 1000))->capture_default_str();
-  fsdp_cmd->add_option("--json", bench_fsdp.json_path, "Also write the results as JSON to this path");
-  fsdp_cmd->add_option("--job", bench_fsdp.job, "(internal) the part a launched job runs")
-      ->check(CLI::IsMember({"memory", "speed"}))->group("");
-  fsdp_cmd->add_option("--job-json", bench_fsdp.job_json, "(internal) where the job writes its results")->group("");
-
+  auto* fsdp_cmd = dtrain::cli::add_bench_fsdp_subcommand(*bench_cmd, bench_fsdp);
   dtrain::cli::BenchCheckpointOptions bench_checkpoint;
-  auto* checkpoint_bench_cmd = bench_cmd->add_subcommand(
-      "checkpoint", "Sharded checkpoint save and load throughput (MB/s per rank) and resharding time");
-  checkpoint_bench_cmd->add_option("--nproc", bench_checkpoint.nproc, "Number of ranks")->check(CLI::PositiveNumber);
-  checkpoint_bench_cmd->add_option("--backend", bench_checkpoint.backend, "mpi or c10d")
-      ->check(CLI::IsMember({"mpi", "c10d"}));
-  checkpoint_bench_cmd->add_option("--layers", bench_checkpoint.layers, "GPT blocks")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  checkpoint_bench_cmd->add_option("--dim", bench_checkpoint.dim, "GPT width (a multiple of 8)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  checkpoint_bench_cmd->add_option("--rounds", bench_checkpoint.rounds, "Repetitions (the median is reported)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  checkpoint_bench_cmd->add_option("--dir", bench_checkpoint.dir, "Where to write the checkpoint (removed at the end)")
-      ->capture_default_str();
-  checkpoint_bench_cmd->add_option("--json", bench_checkpoint.json_path, "Also write the results as JSON to this path");
+  auto* checkpoint_bench_cmd = dtrain::cli::add_bench_checkpoint_subcommand(*bench_cmd, bench_checkpoint);
 
   dtrain::cli::PlanFlags plan_flags;
   auto* plan_cmd = dtrain::cli::add_plan_subcommand(app, plan_flags);
@@ -121,6 +68,7 @@ int main(int argc, char** argv) {
   dtrain::cli::CheckpointFlags checkpoint_flags;
   const auto checkpoint_cmds = dtrain::cli::add_checkpoint_subcommand(app, checkpoint_flags);
 
+  const std::vector<std::string> words(argv + 1, argv + argc);  // this command, for relaunch_as_job
   std::vector<std::string> program_after_dashes;
   if (argc > 1 && std::string(argv[1]) == "launch") {
     for (int i = 2; i < argc; ++i) {
@@ -154,41 +102,20 @@ int main(int argc, char** argv) {
       if (supervise_rank) return dtrain::cli::supervise_rank(launch.command);
       return dtrain::cli::launch(launch);
     }
+    // Outside a launched job a benchmark re-runs itself as the ranks of one.
     if (collectives_cmd->parsed()) {
       if (inside_launched_job()) return dtrain::cli::bench_collectives_rank(bench);
-      // Re-run this command as the ranks of a job.
-      dtrain::cli::LaunchOptions job;
-      job.nproc = bench.nproc;
-      job.backend = bench.backend;
-      job.command = {dtrain::cli::self_executable(), "bench", "collectives", "--backend", bench.backend,
-                     "--max-bytes", std::to_string(bench.max_bytes)};
-      if (!bench.json_path.empty()) job.command.insert(job.command.end(), {"--json", bench.json_path});
-      return dtrain::cli::launch(job);
+      return dtrain::cli::relaunch_as_job(words, bench.nproc, bench.backend);
     }
     if (ddp_cmd->parsed()) {
       if (inside_launched_job()) return dtrain::cli::bench_ddp_rank(bench_ddp);
-      // Re-run this command as the ranks of a job, one intra-op thread per
-      // rank so that ranks x threads fit the cores and every mode computes alike.
-      dtrain::cli::LaunchOptions job;
-      job.nproc = bench_ddp.nproc;
-      job.backend = bench_ddp.backend;
-      job.threads_per_rank = 1;
-      job.command = {dtrain::cli::self_executable(), "bench", "ddp", "--backend", bench_ddp.backend,
-                     "--model", bench_ddp.model, "--steps", std::to_string(bench_ddp.steps),
-                     "--rounds", std::to_string(bench_ddp.rounds), "--warmup", std::to_string(bench_ddp.warmup)};
-      if (!bench_ddp.json_path.empty()) job.command.insert(job.command.end(), {"--json", bench_ddp.json_path});
-      return dtrain::cli::launch(job);
+      // One intra-op thread per rank, so that ranks x threads fit the cores
+      // and every mode computes alike.
+      return dtrain::cli::relaunch_as_job(words, bench_ddp.nproc, bench_ddp.backend, /*threads_per_rank=*/1);
     }
     if (checkpoint_bench_cmd->parsed()) {
       if (inside_launched_job()) return dtrain::cli::bench_checkpoint_rank(bench_checkpoint);
-      dtrain::cli::LaunchOptions job;
-      job.nproc = bench_checkpoint.nproc;
-      job.backend = bench_checkpoint.backend;
-      job.command = {dtrain::cli::self_executable(), "bench", "checkpoint", "--backend", bench_checkpoint.backend,
-                     "--layers", std::to_string(bench_checkpoint.layers), "--dim", std::to_string(bench_checkpoint.dim),
-                     "--rounds", std::to_string(bench_checkpoint.rounds), "--dir", bench_checkpoint.dir};
-      if (!bench_checkpoint.json_path.empty()) job.command.insert(job.command.end(), {"--json", bench_checkpoint.json_path});
-      return dtrain::cli::launch(job);
+      return dtrain::cli::relaunch_as_job(words, bench_checkpoint.nproc, bench_checkpoint.backend);
     }
     if (fsdp_cmd->parsed()) {
       if (inside_launched_job()) return dtrain::cli::bench_fsdp_rank(bench_fsdp);

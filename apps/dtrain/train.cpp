@@ -1,6 +1,7 @@
 #include "train.h"
 
 #include "launch.h"
+#include "relaunch.h"
 
 #include "dtrain/comm.h"
 #include "dtrain/strategy_table.h"
@@ -292,12 +293,9 @@ int train_main(const std::vector<std::string>& args) {
       return train_rank(config, init());
     }
     // Start nproc ranks of this command; each finds itself inside the job.
-    LaunchOptions job;
-    job.nproc = nproc;
-    job.backend = flags.backend;
-    job.command = {self_executable(), "train"};
-    job.command.insert(job.command.end(), args.begin(), args.end());
-    return launch(job);
+    std::vector<std::string> words{"train"};
+    words.insert(words.end(), args.begin(), args.end());
+    return relaunch_as_job(words, nproc, flags.backend);
   } catch (const std::invalid_argument& error) {
     std::cerr << "dtrain train: " + std::string(error.what()) + "\n" << std::flush;  // one write per line
     return 2;

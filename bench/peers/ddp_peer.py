@@ -1,11 +1,11 @@
 """PyTorch's own DistributedDataParallel, measured the way `dtrain bench ddp`
 measures dtrain's, so that bench/ddp.sh can put the two side by side.
 
-Same layer shapes as dtrain's models (src/models/mlp.cpp, gpt.cpp,
-gpt_block.cpp), same per-rank batches, one intra-op thread per rank, the
-same protocol (warm-up steps, then rounds in which the modes take turns,
-median of each step's slowest rank). PyTorch's DDP runs with its default
-options on gloo, the CPU backend PyTorch users get.
+Same layer shapes as dtrain's models (src/models/mlp.cpp here, the GPT of
+gpt.cpp and gpt_block.cpp in common.py), same per-rank batches, one intra-op
+thread per rank, the same protocol (warm-up steps, then rounds in which the
+modes take turns, median of each step's slowest rank). PyTorch's DDP runs
+with its default options on gloo, the CPU backend PyTorch users get.
 
     torchrun --standalone --nproc-per-node 2 bench/peers/ddp_peer.py --model all --json out.json
 """
@@ -20,6 +20,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
+
+from common import GPT, start_peer, timed_round  # bench/peers/common.py
 
 # Keep in step with apps/dtrain/bench_ddp.cpp (bench/ddp_compare.py checks
 # that parameter counts and batches agree).
@@ -52,50 +54,6 @@ class MLP(nn.Module):
         return self.layers(images)
 
 
-class GPTBlock(nn.Module):
-    """dtrain::models::GPTBlock: pre-norm attention and MLP (4x), exact GELU."""
-
-    def __init__(self, n_embd, n_head):
-        super().__init__()
-        self.n_head = n_head
-        self.ln_1 = nn.LayerNorm(n_embd)
-        self.qkv = nn.Linear(n_embd, 3 * n_embd)
-        self.attn_proj = nn.Linear(n_embd, n_embd)
-        self.ln_2 = nn.LayerNorm(n_embd)
-        self.mlp_fc = nn.Linear(n_embd, 4 * n_embd)
-        self.mlp_proj = nn.Linear(4 * n_embd, n_embd)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        qkv = self.qkv(self.ln_1(x)).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
-        x = x + self.attn_proj(y.transpose(1, 2).reshape(B, T, C))
-        return x + self.mlp_proj(F.gelu(self.mlp_fc(self.ln_2(x))))
-
-
-class GPT(nn.Module):
-    """dtrain::models::GPT: token + position embeddings, blocks, ln_f, head tied to wte."""
-
-    def __init__(self, vocab_size, seq_len, n_layer, n_embd, n_head):
-        super().__init__()
-        self.wte = nn.Embedding(vocab_size, n_embd)
-        self.wpe = nn.Embedding(seq_len, n_embd)
-        self.blocks = nn.ModuleList(GPTBlock(n_embd, n_head) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(n_embd)
-        for module in self.modules():  # GPT-2 initialisation, as dtrain's
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, 0.0, 0.02)
-            if isinstance(module, nn.Linear):
-                nn.init.zeros_(module.bias)
-
-    def forward(self, tokens):
-        positions = torch.arange(tokens.size(1), device=tokens.device)
-        x = self.wte(tokens) + self.wpe(positions)
-        for block in self.blocks:
-            x = block(x)
-        return self.ln_f(x) @ self.wte.weight.t()
-
-
 class Replica:
     """One mode's own model: DDP's hooks stay on the parameters it wraps."""
 
@@ -122,15 +80,6 @@ def train_step(replica, batch):
     return time.perf_counter() - start
 
 
-def timed_round(replica, batch, steps):
-    dist.barrier()
-    times = [train_step(replica, batch) for _ in range(steps)]
-    # Each step's slowest rank, gathered after the round (no collective between timed steps).
-    slowest = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    replica.step_seconds += slowest.tolist()
-
-
 def bench_model(name, make_model, batch, steps, args):
     replicas = [Replica(mode, make_model) for mode in MODES]
     model = replicas[0].model
@@ -141,7 +90,7 @@ def bench_model(name, make_model, batch, steps, args):
             train_step(replica, batch)
     for _ in range(args.rounds):
         for replica in replicas:
-            timed_round(replica, batch, steps)
+            replica.step_seconds += timed_round(lambda: train_step(replica, batch), steps)
 
     ideal = statistics.median_high(replicas[0].step_seconds)
     results = []
@@ -174,12 +123,7 @@ def main():
     parser.add_argument("--json", help="also write the results as JSON to this path")
     args = parser.parse_args()
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    if rank == 0:
-        print(f"pytorch {torch.__version__} DDP peer: {dist.get_world_size()} ranks, backend gloo, "
-              f"{torch.get_num_threads()} intra-op thread(s) per rank, fp32, SGD", flush=True)
+    rank = start_peer("DDP", "SGD")
 
     results = []
     torch.manual_seed(1 + rank)  # each rank its own samples

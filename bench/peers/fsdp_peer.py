@@ -2,13 +2,12 @@
 workload of `dtrain bench fsdp`, measured the same way, so that bench/fsdp.sh
 can put the two side by side.
 
-Same GPT as dtrain's (src/models/gpt.cpp, gpt_block.cpp: pre-norm blocks,
-exact GELU, causal SDPA, head tied to wte, GPT-2 initialisation), the same
-units (each block, then the root), the same per-rank batch, AdamW, one
-intra-op thread per rank, and the same protocol (warm-up, then rounds in
-which the modes take turns, median of each step's slowest rank). PyTorch's
-DDP runs alongside as a reference. Backend: gloo, the CPU backend PyTorch
-users get.
+Same GPT as dtrain's (common.py's, which mirrors src/models/gpt.cpp and
+gpt_block.cpp), the same units (each block, then the root), the same
+per-rank batch, AdamW, one intra-op thread per rank, and the same protocol
+(warm-up, then rounds in which the modes take turns, median of each step's
+slowest rank). PyTorch's DDP runs alongside as a reference. Backend: gloo,
+the CPU backend PyTorch users get.
 
     torchrun --standalone --nproc-per-node 2 bench/peers/fsdp_peer.py --json out.json
 """
@@ -19,10 +18,11 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
+
+from common import GPT, start_peer, timed_round  # bench/peers/common.py
 
 # Keep in step with apps/dtrain/bench_fsdp.cpp (speed_config, kSpeedBatch);
 # bench/fsdp_compare.py checks that parameter counts and batches agree.
@@ -31,50 +31,6 @@ BATCH = 4
 LEARNING_RATE = 1e-4
 WEIGHT_DECAY = 0.01
 MODES = ("ddp", "fsdp")
-
-
-class GPTBlock(nn.Module):
-    """dtrain::models::GPTBlock: pre-norm attention and MLP (4x), exact GELU."""
-
-    def __init__(self, n_embd, n_head):
-        super().__init__()
-        self.n_head = n_head
-        self.ln_1 = nn.LayerNorm(n_embd)
-        self.qkv = nn.Linear(n_embd, 3 * n_embd)
-        self.attn_proj = nn.Linear(n_embd, n_embd)
-        self.ln_2 = nn.LayerNorm(n_embd)
-        self.mlp_fc = nn.Linear(n_embd, 4 * n_embd)
-        self.mlp_proj = nn.Linear(4 * n_embd, n_embd)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        qkv = self.qkv(self.ln_1(x)).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
-        x = x + self.attn_proj(y.transpose(1, 2).reshape(B, T, C))
-        return x + self.mlp_proj(F.gelu(self.mlp_fc(self.ln_2(x))))
-
-
-class GPT(nn.Module):
-    """dtrain::models::GPT: token + position embeddings, blocks, ln_f, head tied to wte."""
-
-    def __init__(self, vocab_size, seq_len, n_layer, n_embd, n_head):
-        super().__init__()
-        self.wte = nn.Embedding(vocab_size, n_embd)
-        self.wpe = nn.Embedding(seq_len, n_embd)
-        self.blocks = nn.ModuleList(GPTBlock(n_embd, n_head) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(n_embd)
-        for module in self.modules():  # GPT-2 initialisation, as dtrain's
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, 0.0, 0.02)
-            if isinstance(module, nn.Linear):
-                nn.init.zeros_(module.bias)
-
-    def forward(self, tokens):
-        positions = torch.arange(tokens.size(1), device=tokens.device)
-        x = self.wte(tokens) + self.wpe(positions)
-        for block in self.blocks:
-            x = block(x)
-        return self.ln_f(x) @ self.wte.weight.t()
 
 
 class Run:
@@ -107,15 +63,6 @@ def train_step(run, tokens, targets):
     return time.perf_counter() - start
 
 
-def timed_round(run, tokens, targets, steps):
-    dist.barrier()
-    times = [train_step(run, tokens, targets) for _ in range(steps)]
-    # Each step's slowest rank, gathered after the round (no collective between timed steps).
-    slowest = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    run.step_seconds += slowest.tolist()
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per mode per round")
@@ -124,12 +71,7 @@ def main():
     parser.add_argument("--json", help="also write the results as JSON to this path")
     args = parser.parse_args()
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    if rank == 0:
-        print(f"pytorch {torch.__version__} FSDP2 peer: {dist.get_world_size()} ranks, backend gloo, "
-              f"{torch.get_num_threads()} intra-op thread(s) per rank, fp32, AdamW", flush=True)
+    rank = start_peer("FSDP2", "AdamW")
 
     runs = [Run(mode) for mode in MODES]
     torch.manual_seed(1 + rank)  # each rank its own samples
@@ -141,7 +83,7 @@ def main():
             train_step(run, tokens, targets)
     for _ in range(args.rounds):
         for run in runs:
-            timed_round(run, tokens, targets, args.steps)
+            run.step_seconds += timed_round(lambda: train_step(run, tokens, targets), args.steps)
 
     if rank == 0:
         ddp = statistics.median_high(runs[0].step_seconds)

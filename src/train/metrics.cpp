@@ -35,13 +35,6 @@ nlohmann::ordered_json final_record(const TrainConfig& config, const TrainResult
                                                        : nlohmann::ordered_json(nullptr)}};
 }
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   file_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
   if (!file_)

@@ -20,9 +20,6 @@ namespace dtrain::train {
 // eval_loss, ..., stopped_by), from `result`; each loop adds its own after them.
 nlohmann::ordered_json final_record(const TrainConfig& config, const TrainResult& result, int64_t parameters);
 
-// The median of `values` (0 for none): the step time the final line reports.
-double median(std::vector<double> values);
-
 class MetricsWriter {
  public:
   // Writes nothing.

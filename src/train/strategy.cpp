@@ -5,6 +5,7 @@
 #include "dtrain/fsdp.h"
 #include "dtrain/strategy_table.h"
 #include "train/initial_weights.h"
+#include "common/timing.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -24,12 +25,6 @@ bool strategy_available(const std::string& strategy) {
 
 namespace train {
 namespace {
-
-std::string join(const std::vector<std::string>& values) {
-  std::string text;
-  for (const auto& value : values) text += (text.empty() ? "" : ", ") + value;
-  return text;
-}
 
 // One process, the whole model, no communication.
 class SingleProcess final : public Strategy {

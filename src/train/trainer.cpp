@@ -32,6 +32,7 @@
 #include "train/stragglers.h"
 #include "train/strategy.h"
 #include "train/training_data.h"
+#include "common/timing.h"
 
 #include <ATen/Parallel.h>
 #include <torch/types.h>
@@ -55,11 +56,7 @@
 namespace dtrain {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using Clock = SteadyClock;
 
 double mean(const std::deque<double>& values) {
   return values.empty() ? 0 : std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
@@ -435,7 +432,7 @@ TrainResult run_training(const TrainConfig& config, CommPtr world) {
     result.eval_loss = final_eval->loss;
     result.eval_accuracy = final_eval->accuracy;
   }
-  result.step_time_s_median = train::median(step_times);
+  result.step_time_s_median = median(step_times);
   result.step_peak_bytes = *std::max_element(peaks.begin(), peaks.end());
   for (int r = 0; r < world_size; ++r) {
     result.construction_peak_bytes = std::max(result.construction_peak_bytes,

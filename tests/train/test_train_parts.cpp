@@ -198,7 +198,9 @@ TEST(StrategyTable, NamesAliasesAndFlags) {
     EXPECT_EQ(dtrain::find_strategy(row.name), &row);
     for (const char* alias : row.aliases) EXPECT_EQ(dtrain::find_strategy(alias), &row) << alias;
     EXPECT_TRUE(dtrain::strategy_available(row.name));
-    if (row.engine == dtrain::StrategyEngine::FSDP) EXPECT_EQ(&dtrain::strategy_of(row.sharding), &row) << row.name;
+    if (row.engine == dtrain::StrategyEngine::FSDP) {
+      EXPECT_EQ(&dtrain::strategy_of(row.sharding), &row) << row.name;
+    }
   }
   // Older manifests' words still name their strategy, but are no --strategy.
   EXPECT_STREQ(dtrain::strategy_info("full").name, "fsdp");
