@@ -62,6 +62,10 @@ namespace hooks {
 // Plain all-reduce (average) of the bucket: exact. The default.
 CommHookPtr allreduce();
 
+// What allreduce() does to one bucket: starts the average and counts its
+// bytes; for hooks that leave some buckets or iterations uncompressed.
+std::unique_ptr<PendingReduction> average(GradBucket& bucket, HookContext& ctx);
+
 // Casts to bf16 / fp16 after dividing by the world size, sums in that format
 // (dtrain reduces 16-bit floats in fp32 and rounds once), casts back. Half
 // the bytes; error about one 16-bit rounding of each averaged value.

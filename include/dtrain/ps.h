@@ -198,6 +198,11 @@ struct Summary {
   int64_t max_staleness = 0;
   double mean_staleness = 0;
   int64_t dropped = 0;         // the most any server dropped
+  // The most pushes any applied gradient's worker was ahead of the slowest
+  // running worker (StalenessRecord::clock_lead): what SSP's --staleness
+  // bounds. max_staleness counts server versions instead, which grow once
+  // per applied push of any worker, so it may exceed the bound.
+  int64_t max_clock_lead = 0;
 };
 Summary summarize(const Group& group, const ServerReport* report);
 

@@ -13,6 +13,7 @@
 #include "train/progress.h"
 #include "train/stragglers.h"
 #include "train/training_data.h"
+#include "common/timing.h"
 
 #include <torch/types.h>
 #include <torch/utils.h>
@@ -28,9 +29,7 @@
 namespace dtrain::train {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+using Clock = SteadyClock;
 
 ps::Mode mode_of(const std::string& strategy) {
   switch (strategy_info(strategy).synchrony) {
@@ -269,6 +268,7 @@ TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
   final_line["max_staleness"] = summary.max_staleness;
   final_line["mean_staleness"] = summary.mean_staleness;
   final_line["dropped_gradients"] = summary.dropped;
+  final_line["max_clock_lead"] = summary.max_clock_lead;
   final_line["local_batch_sizes"] = balanced;
   metrics.write(final_line);
   if (printing) {
@@ -283,8 +283,10 @@ TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
     text.precision(3);
     text << "\ndone: " << config.strategy << ", " << workers << " workers + " << config.servers << " server(s), "
          << result.steps << " steps in " << format_duration(train_seconds) << " (" << samples_per_s
-         << " applied samples/s); " << summary.updates << " updates, staleness max " << summary.max_staleness
-         << " mean " << summary.mean_staleness << ", " << summary.dropped << " dropped gradients\n";
+         << " applied samples/s); " << summary.updates << " updates, staleness in server versions max "
+         << summary.max_staleness << " mean " << summary.mean_staleness << ", clock lead max " << summary.max_clock_lead;
+    if (mode_of(config.strategy) == ps::Mode::SSP) text << " (bound --staleness " << config.staleness << ")";
+    text << ", " << summary.dropped << " dropped gradients\n";
     std::cout << text.str() << std::flush;
   }
   return result;

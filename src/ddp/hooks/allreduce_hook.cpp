@@ -18,13 +18,15 @@ class WaitFor : public PendingReduction {
 class AllReduceHook : public CommHook {
  public:
   std::string name() const override { return "allreduce"; }
-  std::unique_ptr<PendingReduction> reduce(GradBucket& bucket, HookContext& ctx) override {
-    ctx.bytes_sent += bucket.buffer.numel() * static_cast<int64_t>(bucket.buffer.element_size());
-    return std::make_unique<WaitFor>(ctx.comm.all_reduce(bucket.buffer, ReduceOp::Avg));
-  }
+  std::unique_ptr<PendingReduction> reduce(GradBucket& bucket, HookContext& ctx) override { return average(bucket, ctx); }
 };
 
 }  // namespace
+
+std::unique_ptr<PendingReduction> average(GradBucket& bucket, HookContext& ctx) {
+  ctx.bytes_sent += bucket.buffer.numel() * static_cast<int64_t>(bucket.buffer.element_size());
+  return std::make_unique<WaitFor>(ctx.comm.all_reduce(bucket.buffer, ReduceOp::Avg));
+}
 
 CommHookPtr allreduce() { return std::make_shared<AllReduceHook>(); }
 

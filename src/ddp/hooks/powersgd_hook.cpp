@@ -141,15 +141,6 @@ class PowerSGDReduction : public PendingReduction {
   WorkPtr p_work_;
 };
 
-class PlainAverage : public PendingReduction {
- public:
-  explicit PlainAverage(WorkPtr work) : work_(std::move(work)) {}
-  void wait() override { work_->wait(); }
-
- private:
-  WorkPtr work_;
-};
-
 class PowerSGDHook : public CommHook {
  public:
   explicit PowerSGDHook(PowerSGDOptions options) : options_(options) {
@@ -161,10 +152,7 @@ class PowerSGDHook : public CommHook {
   std::unique_ptr<PendingReduction> reduce(GradBucket& bucket, HookContext& ctx) override {
     torch::NoGradGuard no_grad;
     const int64_t element = static_cast<int64_t>(bucket.buffer.element_size());
-    if (ctx.iteration < options_.start_iteration) {
-      ctx.bytes_sent += bucket.buffer.numel() * element;
-      return std::make_unique<PlainAverage>(ctx.comm.all_reduce(bucket.buffer, ReduceOp::Avg));
-    }
+    if (ctx.iteration < options_.start_iteration) return average(bucket, ctx);
     Layout layout = plan(bucket, options_);
     BucketState& state = state_for(bucket, layout);
 
