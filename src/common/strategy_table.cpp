@@ -10,9 +10,8 @@ namespace dtrain {
 // (src/train/check_config.cpp) with the reason, and a new strategy inherits
 // every check by setting its flags. The parameter server's rows say no to
 // --grad-clip (no rank sees the global gradient), --on-nonfinite skip (the
-// servers apply a push at once), --trace and checkpoints (its loop is not
-// instrumented, and the optimizer state lives on the servers): see
-// check_config.cpp for the messages.
+// servers apply a push at once) and checkpoints (the optimizer state lives on
+// the servers and is not saved yet): see check_config.cpp for the messages.
 const std::vector<StrategyInfo>& strategy_table() {
   static const std::vector<StrategyInfo> table = [] {
     std::vector<StrategyInfo> rows;
@@ -34,7 +33,7 @@ const std::vector<StrategyInfo>& strategy_table() {
                            {"hybrid"}));
     auto parameter_server = [](const char* name, const char* description, Synchrony synchrony) {
       return StrategyInfo{.name = name, .description = description, .engine = StrategyEngine::ParameterServer,
-                          .synchrony = synchrony, .grad_clip = false, .nonfinite_skip = false, .trace = false,
+                          .synchrony = synchrony, .grad_clip = false, .nonfinite_skip = false,
                           .checkpoints = false, .balance = synchrony == Synchrony::Lockstep,
                           .backup_workers = synchrony == Synchrony::Lockstep};
     };

@@ -4,6 +4,7 @@
 #include "dtrain/ps.h"
 #include "ps/flat_parameters.h"
 #include "ps/wire.h"
+#include "dtrain/trace.h"
 
 #include <algorithm>
 #include <chrono>
@@ -155,6 +156,7 @@ class Server {
   }
 
   void apply(const torch::Tensor& gradient, double lr) {
+    trace::Span span("optimizer_step", trace::category::compute, {{"version", version_}});
     piece_tensor_.mutable_grad() = gradient.clone();
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
     optimizer_->step();

@@ -4,6 +4,7 @@
 #include "dtrain/memory.h"
 #include "dtrain/ps.h"
 #include "dtrain/strategy_table.h"
+#include "dtrain/trace.h"
 #include "train/evaluate.h"
 #include "train/initial_weights.h"
 #include "train/lr_schedule.h"
@@ -124,6 +125,8 @@ TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
   std::vector<double> step_times;
   std::vector<int64_t> balanced;
 
+  // --trace: this rank's timeline, servers included (dtrain/trace.h).
+  if (!config.trace_path.empty()) trace::start(rank);
   if (group.is_server()) {
     report = ps::serve(group, parameters, [&](std::vector<torch::Tensor> piece) {
       return make_optimizer(piece, optimizer_config);
@@ -156,16 +159,25 @@ TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
     while (worker.next_step() < total) {
       const auto start = Clock::now();
       const int64_t step = worker.next_step();
+      trace::Span step_span("step", trace::category::step, {{"step", step + 1}});
       const double lr = learning_rate(schedule, step);
       const std::vector<int64_t> indices = sampler->local_batch(step);
       const data::Batch part = data->train->get_batch(indices);
       stragglers.begin();
       for (auto& p : parameters) p.mutable_grad() = torch::Tensor();
-      torch::Tensor local_sum = per_sample_loss(model.forward(part.inputs), part.targets).sum();
+      torch::Tensor local_sum;
+      {
+        trace::Span span("forward", trace::category::compute);
+        local_sum = per_sample_loss(model.forward(part.inputs), part.targets).sum();
+      }
       if (step + 1 == config.debug_nan_at_step && rank == 0) local_sum = local_sum * std::nan("");
-      (local_sum * scale).backward();
+      {
+        trace::Span span("backward", trace::category::compute);
+        (local_sum * scale).backward();
+      }
       stragglers.end(static_cast<int64_t>(indices.size()));
-      worker.push_and_pull(lr);
+      worker.push_and_pull(lr);  // its send and receive are the communicator's "comm" spans
+      trace::sample_memory();
 
       double loss = local_sum.item<double>() / static_cast<double>(indices.size());  // this worker's part
       if (lockstep) {
@@ -218,6 +230,12 @@ TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
   }
 
   const ps::Summary summary = ps::summarize(group, report ? &*report : nullptr);
+  if (!config.trace_path.empty()) {
+    trace::write(config.trace_path, *world);  // collective: rank 0 writes every rank's events
+    if (printing)
+      std::cout << "trace: " << config.trace_path << " (open in https://ui.perfetto.dev; dtrain trace summary "
+                << config.trace_path << ")" << std::endl;
+  }
   if (group.is_worker()) {
     const int64_t eval_count = model.classification ? data->validation->size()
                                                     : std::min(data->validation->size(), config.eval_windows);

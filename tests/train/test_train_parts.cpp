@@ -216,6 +216,7 @@ TEST(StrategyTable, NamesAliasesAndFlags) {
   }
   EXPECT_EQ(dtrain::strategy_list([](const dtrain::StrategyInfo& r) { return r.planned; }), "ddp, zero1, zero2, fsdp, hsdp");
   EXPECT_FALSE(dtrain::strategy_info("ps-async").grad_clip);
+  EXPECT_TRUE(dtrain::strategy_info("ps-async").trace);
   EXPECT_TRUE(dtrain::strategy_info("ps-sync").backup_workers);
   EXPECT_FALSE(dtrain::strategy_info("ps-ssp").backup_workers);
 }
