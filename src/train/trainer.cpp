@@ -27,6 +27,7 @@
 #include "train/optimizer.h"
 #include "train/progress.h"
 #include "train/ps_training.h"
+#include "train/run_report.h"
 #include "train/samples.h"
 #include "train/stop_signals.h"
 #include "train/stragglers.h"
@@ -62,431 +63,440 @@ double mean(const std::deque<double>& values) {
   return values.empty() ? 0 : std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
 }
 
-std::string format_parameters(int64_t n) {
-  std::ostringstream text;
-  text.precision(3);
-  if (n >= 1'000'000)
-    text << static_cast<double>(n) / 1e6 << "M";
-  else
-    text << train::format_count(n);
-  return text.str();
-}
-
-std::string per_rank_bytes(const std::vector<int64_t>& bytes) {
-  std::string text;
-  for (size_t rank = 0; rank < bytes.size(); ++rank) text += (rank == 0 ? "" : " | ") + train::format_bytes(bytes[rank]);
-  return text;
-}
-
-std::string describe_model(const TrainConfig& c) {
-  std::ostringstream text;
-  if (c.model == "mlp") {
-    text << "mlp (hidden";
-    for (size_t i = 0; i < c.mlp_hidden.size(); ++i) text << (i == 0 ? " " : ",") << c.mlp_hidden[i];
-    text << ")";
-  } else if (c.model == "gpt") {
-    text << "gpt (" << c.gpt_layers << (c.gpt_layers == 1 ? " layer" : " layers") << ", dim " << c.gpt_dim << ", " << c.gpt_heads << " heads, context "
-         << c.seq_len << ")";
-  } else {
-    text << c.model;
-  }
-  return text.str();
-}
-
-std::string format_eval(const train::Evaluation& e) {
-  std::ostringstream text;
-  text.setf(std::ios::fixed);
-  text.precision(4);
-  text << "loss " << e.loss;
-  if (e.accuracy) {
-    text.precision(2);
-    text << ", accuracy " << 100 * *e.accuracy << "%";
-  }
-  return text.str();
-}
-
-nlohmann::ordered_json eval_record(int64_t step, const train::Evaluation& e) {
-  nlohmann::ordered_json record{{"step", step}, {"eval_loss", e.loss}};
-  if (e.accuracy) record["eval_accuracy"] = *e.accuracy;
-  return record;
-}
-
-// What a checkpoint records about the run besides the tensors: `dtrain
-// checkpoint inspect` shows it, and a resumed run says where it differs
-// (resume_differences).
-std::map<std::string, std::string> run_description(const TrainConfig& c, int64_t total) {
-  return {{"model", c.model},
-          {"data", c.data},
-          {"batch_size", std::to_string(c.batch_size)},
-          {"seed", std::to_string(c.seed)},
-          {"total_steps", std::to_string(total)}};
-}
-
-// One line per setting this run changes from the checkpoint's, with what it
-// means for the steps after it. None is an error: continuing with a new
-// schedule or more steps is a common and deliberate choice; but the result
-// is then not the uninterrupted run's, and the user should know.
-std::vector<std::string> resume_differences(const std::map<std::string, std::string>& saved,
-                                            const std::map<std::string, std::string>& now) {
-  static const std::map<std::string, std::pair<std::string, std::string>> meaning = {
-      {"data", {"--data", "training continues on other data"}},
-      {"batch_size", {"--batch-size", "the global batch, and so each step's samples, differ from here on"}},
-      {"seed", {"--seed", "the data order differs from here on"}},
-      {"total_steps", {"--steps", "the learning-rate schedule is stretched to the new length from here on"}}};
-  std::vector<std::string> lines;
-  for (const auto& [key, what] : meaning) {
-    const auto old_value = saved.find(key), new_value = now.find(key);
-    if (old_value == saved.end() || new_value == now.end() || old_value->second == new_value->second) continue;
-    lines.push_back(what.first + " " + new_value->second + " differs from the checkpoint's " + old_value->second +
-                    ": " + what.second);
-  }
-  return lines;
-}
-
 std::string checkpoint_note(const TrainConfig& c) {
   return c.checkpoint_dir.empty() ? std::string("no --checkpoint-dir was given")
                                   : "the checkpoints in " + c.checkpoint_dir + " are intact";
+}
+
+// What one training step ends with on this rank, after the step's one
+// all-reduce of statistics.
+struct StepOutcome {
+  double loss = 0;  // the global batch's mean loss
+  double lr = 0;
+  double grad_norm = 0;
+  bool skipped = false;  // --on-nonfinite skip left out the update
+  bool stop_requested = false;  // SIGINT/SIGTERM on some rank
+};
+
+// One data-parallel run on this rank (single, ddp and the sharded
+// strategies; the parameter server has its own loop): set up in the
+// constructor, then run() steps, evaluates and reports.
+class DataParallelRun {
+ public:
+  DataParallelRun(const TrainConfig& config, CommPtr world);
+  TrainResult run();
+
+ private:
+  void make_sampler(std::vector<int64_t> local_batch_sizes);
+  void build();
+  void print_banner() const;
+  int64_t resume();
+  void measure_start_peak();
+  StepOutcome train_step(int64_t step);
+  void after_step(int64_t done, const StepOutcome& outcome, SteadyClock::time_point start);
+  void save_checkpoint_at(int64_t step);
+  void evaluate_during_training(int64_t done);
+  void finish(double train_seconds);
+  void print_summary(double train_seconds) const;
+  train::Evaluation run_evaluation() {
+    return train::evaluate(*strategy_, model_, *data_.validation, eval_count_, eval_chunk_, *world_);
+  }
+
+  const TrainConfig& config_;
+  CommPtr world_;
+  const int world_size_, rank_;
+  const bool printing_;
+  train::TrainingData data_;
+  std::optional<data::DistributedSampler> sampler_;  // rebuilt with --balance's local batch sizes
+  train::Stragglers stragglers_;
+  int64_t total_ = 0;
+  train::MetricsWriter metrics_;
+  int64_t baseline_ = 0;  // live bytes before training allocated anything
+  train::Model model_;
+  std::unique_ptr<train::Strategy> strategy_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  train::LRSchedule schedule_;
+  int64_t eval_count_ = 0, eval_chunk_ = 0;
+  double units_per_step_ = 0;
+
+  TrainResult result_;
+  torch::Tensor construction_peaks_;  // per rank
+  std::string step_advice_;
+  std::vector<double> step_times_;
+  std::deque<double> recent_;  // the last step times, for rate and ETA
+  std::vector<int64_t> peaks_;  // per rank, the steps' peak so far
+  std::optional<train::StepLog> step_log_;
+  std::optional<train::ProgressLine> progress_;
+  int64_t last_saved_ = 0;
+  int64_t steps_done_ = 0;
+  std::optional<train::Evaluation> final_eval_;
+
+  int64_t training_bytes() const { return std::max<int64_t>(0, memory::peak_bytes() - baseline_); }
+};
+
+DataParallelRun::DataParallelRun(const TrainConfig& config, CommPtr world)
+    : config_(config),
+      world_(std::move(world)),
+      world_size_(world_->size()),
+      rank_(world_->rank()),
+      printing_(config.print && rank_ == 0),
+      data_((memory::install_tracking_allocator(), train::load_training_data(config))),
+      stragglers_(config, rank_, rank_, world_size_) {  // --slow-rank, --balance
+  make_sampler({});
+  total_ = config_.steps > 0 ? config_.steps : sampler_->steps_for_epochs(config_.epochs);
+  // Created once the data is known to fit, so a bad run leaves an old file alone.
+  // A resumed run appends to the metrics file of the run it continues.
+  if (rank_ == 0 && !config_.metrics_path.empty()) metrics_ = train::MetricsWriter(config_.metrics_path, config_.resume);
+  // The peak counts what training allocates (model, gradients, optimizer
+  // state, activations, communication buffers), not the datasets.
+  baseline_ = memory::live_bytes();
+  memory::reset_peak();
+  build();
+  schedule_ = {.peak_lr = config_.lr, .warmup_steps = config_.warmup, .total_steps = total_};
+  units_per_step_ = static_cast<double>(config_.batch_size * data_.units_per_sample);
+  eval_count_ = model_.classification ? data_.validation->size()
+                                      : std::min(data_.validation->size(), config_.eval_windows);
+  // Evaluation batches about as large as training's, so the peak memory stays
+  // training's (at least 256 images, so tiny batches do not take thousands of calls).
+  eval_chunk_ = model_.classification ? std::max<int64_t>(config_.batch_size, 256) : config_.batch_size;
+}
+
+void DataParallelRun::make_sampler(std::vector<int64_t> local_batch_sizes) {
+  sampler_.emplace(data::SamplerOptions{.dataset_size = data_.train->size(),
+                                        .global_batch_size = config_.batch_size,
+                                        .world_size = world_size_,
+                                        .rank = rank_,
+                                        .seed = config_.seed,
+                                        .shuffle = config_.shuffle,
+                                        .local_batch_sizes = std::move(local_batch_sizes)});
+}
+
+// Construction: the sharded strategies build the model deferred and
+// materialise each unit straight into this rank's shards, so no rank holds
+// the whole model (dtrain/deferred_init.h); single and ddp hold a replica.
+void DataParallelRun::build() {
+  const bool deferred = train::builds_deferred(config_.strategy);
+  memory::set_phase("construction of the model", train::construction_advice(config_, world_size_));
+  torch::manual_seed(config_.seed);  // the same weights on every rank
+  model_ = train::build_model(config_, deferred);
+  strategy_ = train::wrap_model(
+      model_, {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision},
+      world_);
+  if (!config_.init_from.empty()) {
+    memory::set_phase("load of --init-from " + config_.init_from);
+    strategy_->load_initial_weights(config_.init_from);
+  }
+  // Dropout then draws different masks on each rank, as on different samples.
+  torch::manual_seed(config_.seed + 1 + static_cast<uint64_t>(rank_));
+  optimizer_ = train::make_optimizer(
+      strategy_->optimizer_parameters(),
+      {.name = config_.optimizer, .lr = config_.lr, .momentum = config_.momentum, .weight_decay = config_.weight_decay});
+}
+
+void DataParallelRun::print_banner() const {
+  if (!printing_) return;
+  const TrainConfig& c = config_;
+  std::cout << "dtrain train: " << train::describe_model(c) << ", " << train::format_parameters(model_.parameters)
+            << " parameters" << (c.init_from.empty() ? "" : ", initial weights from " + c.init_from) << "\n"
+            << "  data      " << data_.description << "\n"
+            << "  strategy  " << c.strategy << (c.compress != "none" ? " (" + c.compress + " compression)" : "")
+            << " on " << world_size_ << (world_size_ == 1 ? " rank" : " ranks") << " (" << world_->backend_name()
+            << "), " << at::get_num_threads() << (at::get_num_threads() == 1 ? " thread" : " threads")
+            << " per rank\n"
+            << "  schedule  " << total_ << " steps of " << c.batch_size << " samples";
+  if (c.epochs > 0) std::cout << " (" << c.epochs << (c.epochs == 1 ? " epoch" : " epochs") << ")";
+  std::cout << ", " << c.optimizer << " lr " << c.lr;
+  if (c.warmup > 0) std::cout << ", " << c.warmup << " warmup steps";
+  std::cout << ", cosine decay to " << c.lr * schedule_.final_fraction << std::endl;
+}
+
+// Continue where the newest checkpoint left off: weights, optimizer state,
+// this rank's random state; the step says where the sampler and the
+// learning-rate schedule are. Returns the first step to run.
+int64_t DataParallelRun::resume() {
+  if (!config_.resume) return 0;
+  std::vector<std::string> rejected;
+  const auto manifest = train::resume_from_latest(config_.checkpoint_dir, *strategy_, *optimizer_, world_, &rejected);
+  if (printing_) {
+    for (const auto& reason : rejected) std::cout << "not resuming from " << reason << "\n";
+    if (!manifest) {
+      std::cout << "no checkpoint in " << config_.checkpoint_dir << " yet: starting at step 0" << std::endl;
+    } else {
+      std::cout << "resuming from step " << manifest->step << " ("
+                << train::checkpoint_path(config_.checkpoint_dir, manifest->step) << ", saved by " << manifest->strategy
+                << " on " << manifest->world_size << (manifest->world_size == 1 ? " rank" : " ranks") << ")"
+                << std::endl;
+      for (const auto& line : train::resume_differences(manifest->extra, train::run_description(config_, total_)))
+        std::cout << "  note: " << line << "\n";
+    }
+  }
+  if (!manifest) return 0;
+  if (manifest->step > total_)
+    throw std::invalid_argument("the checkpoint to resume from is at step " + std::to_string(manifest->step) +
+                                ", past this run's " + std::to_string(total_) + " steps: give more --steps");
+  result_.resumed_from_step = manifest->step;
+  metrics_.write({{"resumed_from_step", manifest->step}});
+  return manifest->step;
+}
+
+// Everything up to here (construction, --init-from, --resume) is the start's
+// peak; the steps' peak is measured from here on.
+void DataParallelRun::measure_start_peak() {
+  construction_peaks_ = torch::zeros({world_size_}, torch::kFloat64);
+  construction_peaks_[rank_] = static_cast<double>(training_bytes());
+  world_->all_reduce(construction_peaks_, ReduceOp::Sum)->wait();
+  memory::reset_peak();
+  step_advice_ = train::step_advice(config_);
+}
+
+// Forward, backward, clipping and the update of one step, then one small
+// all-reduce: the global loss, every rank's peak memory, and whether a rank
+// was asked to stop (SIGINT/SIGTERM; see stop_signals.h).
+StepOutcome DataParallelRun::train_step(int64_t step) {
+  StepOutcome outcome;
+  outcome.lr = train::learning_rate(schedule_, step);
+  train::set_learning_rate(*optimizer_, outcome.lr);
+  const std::vector<int64_t> local_indices = sampler_->local_batch(step);
+  const data::Batch part = data_.train->get_batch(local_indices);
+  stragglers_.begin();
+  optimizer_->zero_grad();
+  torch::Tensor local_sum;
+  {
+    memory::set_phase("forward", step_advice_);
+    trace::Span span("forward", trace::category::compute);
+    local_sum = train::per_sample_loss(strategy_->forward(part.inputs), part.targets).sum();
+  }
+  if (step + 1 == config_.debug_nan_at_step && rank_ == 0) local_sum = local_sum * std::nan("");
+  {
+    memory::set_phase("backward");
+    trace::Span span("backward", trace::category::compute);
+    // See Note [global batch loss].
+    (local_sum * (static_cast<double>(world_size_) / static_cast<double>(config_.batch_size))).backward();
+  }
+  stragglers_.end(static_cast<int64_t>(local_indices.size()), strategy_->last_backward_wait_s());
+  outcome.grad_norm = config_.grad_clip > 0 ? strategy_->clip_grad_norm(config_.grad_clip) : 0.0;
+  // --on-nonfinite skip: agree on the loss before the update, so that every
+  // rank skips the same steps (the gradient norm is already global).
+  if (config_.on_nonfinite == "skip") {
+    auto global_sum = local_sum.detach().to(torch::kFloat64).reshape({1}).clone();
+    world_->all_reduce(global_sum, ReduceOp::Sum)->wait();
+    outcome.skipped = !std::isfinite(global_sum.item<double>()) || !std::isfinite(outcome.grad_norm);
+  }
+  if (!outcome.skipped) {
+    memory::set_phase("optimizer step");
+    trace::Span span("optimizer_step", trace::category::compute);
+    strategy_->optimizer_step(*optimizer_);
+  }
+  trace::sample_memory();
+
+  auto stats = torch::zeros({2 + world_size_}, torch::kFloat64);
+  auto values = stats.accessor<double, 1>();
+  values[0] = local_sum.item<double>();
+  values[1] = static_cast<double>(train::StopSignals::received());
+  values[2 + rank_] = static_cast<double>(training_bytes());
+  world_->all_reduce(stats, ReduceOp::Sum)->wait();
+  outcome.loss = values[0] / static_cast<double>(config_.batch_size);
+  outcome.stop_requested = values[1] != 0;
+  for (int r = 0; r < world_size_; ++r) peaks_[static_cast<size_t>(r)] = static_cast<int64_t>(values[2 + r]);
+  return outcome;
+}
+
+// Rebalancing, the non-finite rule, the step's records and its progress line.
+void DataParallelRun::after_step(int64_t done, const StepOutcome& outcome, SteadyClock::time_point start) {
+  if (auto sizes = stragglers_.rebalance(done, *world_)) {
+    make_sampler(*sizes);
+    if (printing_) progress_->message("balance: after step " + std::to_string(done) + " the local batches are " +
+                                      train::format_split(*sizes) + " (by measured samples/s)");
+  }
+  if (outcome.skipped) {
+    ++result_.skipped_steps;
+    if (printing_)
+      progress_->message("step " + std::to_string(done) + " skipped: the loss is " + std::to_string(outcome.loss) +
+                         (std::isfinite(outcome.grad_norm) ? "" : ", the gradient norm " + std::to_string(outcome.grad_norm)));
+  } else if (!std::isfinite(outcome.loss)) {
+    throw std::runtime_error("the loss is " + std::to_string(outcome.loss) + " at step " + std::to_string(done) +
+                             ": training diverged (" + checkpoint_note(config_) +
+                             "); try a lower --lr, more --warmup or --grad-clip, or --on-nonfinite skip");
+  }
+  const double step_seconds = seconds_since(start);
+  step_times_.push_back(step_seconds);
+  result_.losses.push_back(outcome.loss);
+  recent_.push_back(step_seconds);
+  if (recent_.size() > 20) recent_.pop_front();
+  if (printing_) {
+    const double recent_step = mean(recent_);
+    progress_->update({.step = done,
+                       .total = total_,
+                       .loss = outcome.loss,
+                       .rate = units_per_step_ / recent_step,
+                       .rate_unit = data_.unit + "/s",
+                       .eta_s = recent_step * static_cast<double>(total_ - done),
+                       .peak_bytes_per_rank = peaks_});
+  }
+  step_log_->record(done, total_, outcome.loss, outcome.lr, step_seconds, units_per_step_);
+}
+
+void DataParallelRun::save_checkpoint_at(int64_t step) {
+  try {
+    train::save_training_checkpoint(config_.checkpoint_dir, step, config_.keep_last, *strategy_, *optimizer_, world_,
+                                    train::run_description(config_, total_));
+  } catch (const std::exception& error) {
+    throw std::runtime_error("cannot write the checkpoint of step " + std::to_string(step) + ": " + error.what() +
+                             (last_saved_ > 0 ? "; the checkpoint of step " + std::to_string(last_saved_) + " is untouched"
+                                              : std::string()));
+  }
+  last_saved_ = step;
+  if (printing_)
+    progress_->message("checkpoint: step " + std::to_string(step) + " saved in " +
+                       train::checkpoint_path(config_.checkpoint_dir, step));
+}
+
+void DataParallelRun::evaluate_during_training(int64_t done) {
+  memory::set_phase("evaluation");
+  const train::Evaluation evaluation = run_evaluation();
+  if (printing_) progress_->message("eval at step " + std::to_string(done) + ": " + train::format_eval(evaluation));
+  metrics_.write(train::eval_record(done, evaluation));
+}
+
+TrainResult DataParallelRun::run() {
+  print_banner();
+  const int64_t first_step = resume();
+  std::optional<train::StopSignals> stop_signals;
+  if (!config_.checkpoint_dir.empty()) stop_signals.emplace();
+  measure_start_peak();
+
+  result_.world_size = world_size_;
+  step_log_.emplace(metrics_, config_.log_every, data_.unit + "_per_s");
+  peaks_.assign(static_cast<size_t>(world_size_), 0);
+  const bool live = config_.live_progress.value_or(train::ProgressLine::stdout_is_terminal());
+  progress_.emplace(std::cout, printing_ && live, config_.log_every);
+  last_saved_ = first_step;
+  steps_done_ = total_;  // less when a signal stops the run
+
+  const auto run_start = SteadyClock::now();
+  model_.module->train();
+  // --trace: this rank's timeline from here to the end of the loop (dtrain/trace.h).
+  if (!config_.trace_path.empty()) trace::start(rank_);
+  for (int64_t step = first_step; step < total_; ++step) {
+    trace::Span step_span("step", trace::category::step, {{"step", step + 1}});
+    const auto start = SteadyClock::now();
+    const StepOutcome outcome = train_step(step);
+    const int64_t done = step + 1;
+    after_step(done, outcome, start);
+    const bool checkpoint_due = !config_.checkpoint_dir.empty() &&
+                                ((config_.checkpoint_every > 0 && done % config_.checkpoint_every == 0) || done == total_);
+    if (checkpoint_due || (outcome.stop_requested && !config_.checkpoint_dir.empty())) save_checkpoint_at(done);
+    if (outcome.stop_requested) {
+      // Every rank saw the request in the same all-reduce: all stop here.
+      // (A rank that did not get the signal itself reports the usual one.)
+      result_.stopped_by_signal = train::StopSignals::received() != 0 ? train::StopSignals::received() : SIGTERM;
+      steps_done_ = done;
+      break;
+    }
+    if (config_.eval_every > 0 && done % config_.eval_every == 0 && done != total_) evaluate_during_training(done);
+  }
+  progress_->finish();
+  const double train_seconds = seconds_since(run_start);
+  if (!config_.trace_path.empty()) {
+    trace::write(config_.trace_path, *world_);  // collective: rank 0 writes every rank's events
+    if (printing_)
+      std::cout << "trace: " << config_.trace_path << " (open in https://ui.perfetto.dev; dtrain trace summary "
+                << config_.trace_path << ")" << std::endl;
+  }
+  finish(train_seconds);
+  print_summary(train_seconds);
+  return result_;
+}
+
+// End of run: evaluate on the whole validation split (the full test set for
+// classification) and, for the GPT, write a few samples. A run stopped by a
+// signal skips both: it is to end promptly, and it will continue. Then the
+// result and the metrics file's final line.
+void DataParallelRun::finish(double train_seconds) {
+  const bool stopped = result_.stopped_by_signal != 0;
+  if (!stopped) {
+    memory::set_phase("final evaluation");
+    final_eval_ = run_evaluation();
+    metrics_.write(train::eval_record(total_, *final_eval_));
+  }
+  if (model_.gpt && !stopped) {
+    result_.samples = train::generate_samples(
+        model_.gpt,
+        {.count = config_.samples, .bytes = config_.sample_bytes, .prompt = config_.sample_prompt, .seed = config_.seed},
+        [&](const torch::Tensor& tokens) { return strategy_->forward(tokens); });
+  }
+  auto rss = torch::zeros({world_size_}, torch::kFloat64);
+  rss[rank_] = static_cast<double>(memory::peak_rss_bytes());
+  world_->all_reduce(rss, ReduceOp::Sum)->wait();
+
+  result_.steps = steps_done_;
+  result_.loss = result_.losses.empty() ? 0 : result_.losses.back();
+  if (final_eval_) {
+    result_.eval_loss = final_eval_->loss;
+    result_.eval_accuracy = final_eval_->accuracy;
+  }
+  result_.step_time_s_median = median(step_times_);
+  result_.step_peak_bytes = *std::max_element(peaks_.begin(), peaks_.end());
+  for (int r = 0; r < world_size_; ++r) {
+    const auto start = static_cast<int64_t>(construction_peaks_[r].item<double>());
+    result_.construction_peak_bytes = std::max(result_.construction_peak_bytes, start);
+    peaks_[static_cast<size_t>(r)] = std::max(peaks_[static_cast<size_t>(r)], start);
+  }
+  result_.peak_memory_bytes_per_rank = peaks_;
+  result_.peak_memory_bytes = *std::max_element(peaks_.begin(), peaks_.end());
+  result_.peak_rss_bytes = static_cast<int64_t>(rss.max().item<double>());
+
+  nlohmann::ordered_json final_line = train::final_record(config_, result_, model_.parameters);
+  final_line["local_batch_sizes"] = stragglers_.local_batch_sizes();  // --balance; [] = the even split
+  final_line["train_time_s"] = train_seconds;
+  metrics_.write(final_line);
+}
+
+void DataParallelRun::print_summary(double train_seconds) const {
+  if (!printing_) return;
+  if (result_.stopped_by_signal != 0) {
+    std::cout << train::signal_name(result_.stopped_by_signal) << ": stopped after step " << steps_done_
+              << "; checkpoint saved in " << train::checkpoint_path(config_.checkpoint_dir, steps_done_)
+              << " (continue with the same command and --resume)" << std::endl;
+    return;
+  }
+  std::ostringstream text;
+  text.setf(std::ios::fixed);
+  if (final_eval_->accuracy) {
+    text.precision(2);
+    text << "test accuracy: " << 100 * *final_eval_->accuracy << "% on " << train::format_count(eval_count_)
+         << " test images (loss ";
+    text.precision(4);
+    text << final_eval_->loss << ")\n";
+  } else {
+    text.precision(4);
+    text << "validation loss: " << final_eval_->loss << " (" << eval_count_ << " windows of " << config_.seq_len
+         << " bytes)\n";
+    for (size_t i = 0; i < result_.samples.size(); ++i) {
+      text << "sample " << i + 1 << ":\n";
+      std::istringstream lines(train::printable(result_.samples[i]));
+      for (std::string line; std::getline(lines, line);) text << "  | " << line << "\n";
+    }
+  }
+  text.precision(3);
+  text << "done: " << total_ << " steps";
+  if (result_.resumed_from_step > 0) text << " (" << total_ - result_.resumed_from_step << " after resuming)";
+  if (result_.skipped_steps > 0) text << ", " << result_.skipped_steps << " skipped (non-finite)";
+  text << " in " << train::format_duration(train_seconds) << " (median step " << result_.step_time_s_median
+       << " s); peak memory per rank " << train::per_rank_bytes(result_.peak_memory_bytes_per_rank) << ", peak RSS "
+       << train::format_bytes(result_.peak_rss_bytes) << "\n";
+  if (auto memory = train::memory_summary(config_, world_size_, result_)) text << *memory << "\n";
+  std::cout << text.str() << std::flush;
 }
 
 }  // namespace
 
 TrainResult run_training(const TrainConfig& config, CommPtr world) {
   if (!world) throw std::invalid_argument("run_training: the communicator is null; pass the one dtrain::init() returned");
-  const int world_size = world->size();
-  const int rank = world->rank();
-  check_train_config(config, world_size);
+  check_train_config(config, world->size());
   // The parameter server has its own loop (servers and workers), sharing this file's parts.
   if (train::is_parameter_server(config.strategy)) return train::run_parameter_server(config, world);
-  const bool printing = config.print && rank == 0;
-  memory::install_tracking_allocator();
-  const train::TrainingData data = train::load_training_data(config);
-  // Rebuilt with --balance's local batch sizes (src/train/stragglers.h).
-  std::optional<data::DistributedSampler> sampler;
-  auto make_sampler = [&](std::vector<int64_t> local_batch_sizes) {
-    sampler.emplace(data::SamplerOptions{.dataset_size = data.train->size(),
-                                         .global_batch_size = config.batch_size,
-                                         .world_size = world_size,
-                                         .rank = rank,
-                                         .seed = config.seed,
-                                         .shuffle = config.shuffle,
-                                         .local_batch_sizes = std::move(local_batch_sizes)});
-  };
-  make_sampler({});
-  train::Stragglers stragglers(config, rank, rank, world_size);  // --slow-rank, --balance
-  const int64_t total = config.steps > 0 ? config.steps : sampler->steps_for_epochs(config.epochs);
-  // Created once the data is known to fit, so a bad run leaves an old file alone.
-  // A resumed run appends to the metrics file of the run it continues.
-  train::MetricsWriter metrics;
-  if (rank == 0 && !config.metrics_path.empty()) metrics = train::MetricsWriter(config.metrics_path, config.resume);
-
-  // The peak counts what training allocates (model, gradients, optimizer
-  // state, activations, communication buffers), not the datasets.
-  const int64_t baseline = memory::live_bytes();
-  memory::reset_peak();
-  auto training_bytes = [baseline] { return std::max<int64_t>(0, memory::peak_bytes() - baseline); };
-
-  // Construction: the sharded strategies build the model deferred and
-  // materialise each unit straight into this rank's shards, so no rank holds
-  // the whole model (dtrain/deferred_init.h); single and ddp hold a replica.
-  const bool deferred = train::builds_deferred(config.strategy);
-  memory::set_phase("construction of the model", train::construction_advice(config, world_size));
-  torch::manual_seed(config.seed);  // the same weights on every rank
-  train::Model model = train::build_model(config, deferred);
-  auto strategy = train::wrap_model(
-      model, {.name = config.strategy, .compress = config.compress, .mixed_precision = config.mixed_precision}, world);
-  if (!config.init_from.empty()) {
-    memory::set_phase("load of --init-from " + config.init_from);
-    strategy->load_initial_weights(config.init_from);
-  }
-  // Dropout then draws different masks on each rank, as on different samples.
-  torch::manual_seed(config.seed + 1 + static_cast<uint64_t>(rank));
-  auto optimizer = train::make_optimizer(
-      strategy->optimizer_parameters(),
-      {.name = config.optimizer, .lr = config.lr, .momentum = config.momentum, .weight_decay = config.weight_decay});
-
-  TrainResult result;
-  const train::LRSchedule schedule{.peak_lr = config.lr, .warmup_steps = config.warmup, .total_steps = total};
-  const int64_t batch = config.batch_size;
-  const double units_per_step = static_cast<double>(batch * data.units_per_sample);
-
-  const int64_t eval_count =
-      model.classification ? data.validation->size() : std::min(data.validation->size(), config.eval_windows);
-  // Evaluation batches about as large as training's, so the peak memory stays
-  // training's (at least 256 images, so tiny batches do not take thousands of calls).
-  const int64_t eval_chunk = model.classification ? std::max<int64_t>(batch, 256) : batch;
-  auto run_evaluation = [&] { return train::evaluate(*strategy, model, *data.validation, eval_count, eval_chunk, *world); };
-
-  if (printing) {
-    std::cout << "dtrain train: " << describe_model(config) << ", " << format_parameters(model.parameters)
-              << " parameters" << (config.init_from.empty() ? "" : ", initial weights from " + config.init_from) << "\n"
-              << "  data      " << data.description << "\n"
-              << "  strategy  " << config.strategy << (config.compress != "none" ? " (" + config.compress + " compression)" : "")
-              << " on " << world_size << (world_size == 1 ? " rank" : " ranks") << " (" << world->backend_name()
-              << "), " << at::get_num_threads() << (at::get_num_threads() == 1 ? " thread" : " threads")
-              << " per rank\n"
-              << "  schedule  " << total << " steps of " << batch << " samples";
-    if (config.epochs > 0) std::cout << " (" << config.epochs << (config.epochs == 1 ? " epoch" : " epochs") << ")";
-    std::cout << ", " << config.optimizer << " lr " << config.lr;
-    if (config.warmup > 0) std::cout << ", " << config.warmup << " warmup steps";
-    std::cout << ", cosine decay to " << config.lr * schedule.final_fraction << std::endl;
-  }
-
-  // Continue where the newest checkpoint left off: weights, optimizer state,
-  // this rank's random state; the step says where the sampler and the
-  // learning-rate schedule are.
-  int64_t first_step = 0;
-  if (config.resume) {
-    std::vector<std::string> rejected;
-    const auto manifest = train::resume_from_latest(config.checkpoint_dir, *strategy, *optimizer, world, &rejected);
-    if (printing) {
-      for (const auto& reason : rejected) std::cout << "not resuming from " << reason << "\n";
-      if (!manifest) {
-        std::cout << "no checkpoint in " << config.checkpoint_dir << " yet: starting at step 0" << std::endl;
-      } else {
-        std::cout << "resuming from step " << manifest->step << " (" << train::checkpoint_path(config.checkpoint_dir, manifest->step)
-                  << ", saved by " << manifest->strategy << " on " << manifest->world_size
-                  << (manifest->world_size == 1 ? " rank" : " ranks") << ")" << std::endl;
-        for (const auto& line : resume_differences(manifest->extra, run_description(config, total)))
-          std::cout << "  note: " << line << "\n";
-      }
-    }
-    if (manifest) {
-      if (manifest->step > total)
-        throw std::invalid_argument("the checkpoint to resume from is at step " + std::to_string(manifest->step) +
-                                    ", past this run's " + std::to_string(total) + " steps: give more --steps");
-      first_step = manifest->step;
-      result.resumed_from_step = manifest->step;
-      metrics.write({{"resumed_from_step", manifest->step}});
-    }
-  }
-  std::optional<train::StopSignals> stop_signals;
-  if (!config.checkpoint_dir.empty()) stop_signals.emplace();
-
-  // Everything up to here (construction, --init-from, --resume) is the
-  // start's peak; the steps' peak is measured from here on.
-  auto construction_peaks = torch::zeros({world_size}, torch::kFloat64);
-  construction_peaks[rank] = static_cast<double>(training_bytes());
-  world->all_reduce(construction_peaks, ReduceOp::Sum)->wait();
-  memory::reset_peak();
-  const std::string step_advice = train::step_advice(config);
-
-  result.world_size = world_size;
-  std::vector<double> step_times;
-  std::deque<double> recent;  // the last step times, for rate and ETA
-  train::StepLog step_log(metrics, config.log_every, data.unit + "_per_s");
-  std::vector<int64_t> peaks(static_cast<size_t>(world_size), 0);
-  const bool live = config.live_progress.value_or(train::ProgressLine::stdout_is_terminal());
-  train::ProgressLine progress(std::cout, printing && live, config.log_every);
-  int64_t last_saved = first_step;
-  auto save_checkpoint_at = [&](int64_t step) {
-    try {
-      train::save_training_checkpoint(config.checkpoint_dir, step, config.keep_last, *strategy, *optimizer, world,
-                                      run_description(config, total));
-    } catch (const std::exception& error) {
-      throw std::runtime_error("cannot write the checkpoint of step " + std::to_string(step) + ": " + error.what() +
-                               (last_saved > 0 ? "; the checkpoint of step " + std::to_string(last_saved) + " is untouched"
-                                               : std::string()));
-    }
-    last_saved = step;
-    if (printing) progress.message("checkpoint: step " + std::to_string(step) + " saved in " +
-                                   train::checkpoint_path(config.checkpoint_dir, step));
-  };
-
-  const auto run_start = Clock::now();
-
-  int64_t steps_done = total;  // less when a signal stops the run
-  model.module->train();
-  // --trace: this rank's timeline from here to the end of the loop (dtrain/trace.h).
-  if (!config.trace_path.empty()) trace::start(rank);
-  for (int64_t step = first_step; step < total; ++step) {
-    trace::Span step_span("step", trace::category::step, {{"step", step + 1}});
-    const auto start = Clock::now();
-    const double lr = train::learning_rate(schedule, step);
-    train::set_learning_rate(*optimizer, lr);
-    const std::vector<int64_t> local_indices = sampler->local_batch(step);
-    const data::Batch part = data.train->get_batch(local_indices);
-    stragglers.begin();
-    optimizer->zero_grad();
-    torch::Tensor local_sum;
-    {
-      memory::set_phase("forward", step_advice);
-      trace::Span span("forward", trace::category::compute);
-      local_sum = train::per_sample_loss(strategy->forward(part.inputs), part.targets).sum();
-    }
-    if (step + 1 == config.debug_nan_at_step && rank == 0) local_sum = local_sum * std::nan("");
-    {
-      memory::set_phase("backward");
-      trace::Span span("backward", trace::category::compute);
-      // See Note [global batch loss].
-      (local_sum * (static_cast<double>(world_size) / static_cast<double>(batch))).backward();
-    }
-    stragglers.end(static_cast<int64_t>(local_indices.size()), strategy->last_backward_wait_s());
-    const double grad_norm = config.grad_clip > 0 ? strategy->clip_grad_norm(config.grad_clip) : 0.0;
-    // --on-nonfinite skip: agree on the loss before the update, so that every
-    // rank skips the same steps (the gradient norm is already global).
-    bool skipped = false;
-    if (config.on_nonfinite == "skip") {
-      auto global_sum = local_sum.detach().to(torch::kFloat64).reshape({1}).clone();
-      world->all_reduce(global_sum, ReduceOp::Sum)->wait();
-      skipped = !std::isfinite(global_sum.item<double>()) || !std::isfinite(grad_norm);
-    }
-    if (!skipped) {
-      memory::set_phase("optimizer step");
-      trace::Span span("optimizer_step", trace::category::compute);
-      strategy->optimizer_step(*optimizer);
-    }
-    trace::sample_memory();
-
-    // One small all-reduce: the global loss, every rank's peak memory, and
-    // whether a rank was asked to stop (SIGINT/SIGTERM; see stop_signals.h).
-    auto stats = torch::zeros({2 + world_size}, torch::kFloat64);
-    auto values = stats.accessor<double, 1>();
-    values[0] = local_sum.item<double>();
-    values[1] = static_cast<double>(train::StopSignals::received());
-    values[2 + rank] = static_cast<double>(training_bytes());
-    world->all_reduce(stats, ReduceOp::Sum)->wait();
-    const double loss = values[0] / static_cast<double>(batch);
-    const bool stop_requested = values[1] != 0;
-    for (int r = 0; r < world_size; ++r) peaks[static_cast<size_t>(r)] = static_cast<int64_t>(values[2 + r]);
-    const int64_t done = step + 1;
-    if (auto sizes = stragglers.rebalance(done, *world)) {
-      make_sampler(*sizes);
-      if (printing) progress.message("balance: after step " + std::to_string(done) + " the local batches are " +
-                                     train::format_split(*sizes) + " (by measured samples/s)");
-    }
-    if (skipped) {
-      ++result.skipped_steps;
-      if (printing) progress.message("step " + std::to_string(done) + " skipped: the loss is " + std::to_string(loss) +
-                                     (std::isfinite(grad_norm) ? "" : ", the gradient norm " + std::to_string(grad_norm)));
-    } else if (!std::isfinite(loss)) {
-      throw std::runtime_error("the loss is " + std::to_string(loss) + " at step " + std::to_string(done) +
-                               ": training diverged (" + checkpoint_note(config) +
-                               "); try a lower --lr, more --warmup or --grad-clip, or --on-nonfinite skip");
-    }
-
-    const double step_seconds = seconds_since(start);
-    step_times.push_back(step_seconds);
-    result.losses.push_back(loss);
-    recent.push_back(step_seconds);
-    if (recent.size() > 20) recent.pop_front();
-
-    if (printing) {
-      const double recent_step = mean(recent);
-      progress.update({.step = done,
-                       .total = total,
-                       .loss = loss,
-                       .rate = units_per_step / recent_step,
-                       .rate_unit = data.unit + "/s",
-                       .eta_s = recent_step * static_cast<double>(total - done),
-                       .peak_bytes_per_rank = peaks});
-    }
-    step_log.record(done, total, loss, lr, step_seconds, units_per_step);
-    const bool checkpoint_due = !config.checkpoint_dir.empty() &&
-                                ((config.checkpoint_every > 0 && done % config.checkpoint_every == 0) || done == total);
-    if (checkpoint_due || (stop_requested && !config.checkpoint_dir.empty())) save_checkpoint_at(done);
-    if (stop_requested) {
-      // Every rank saw the request in the same all-reduce: all stop here.
-      // (A rank that did not get the signal itself reports the usual one.)
-      result.stopped_by_signal = train::StopSignals::received() != 0 ? train::StopSignals::received() : SIGTERM;
-      steps_done = done;
-      break;
-    }
-    if (config.eval_every > 0 && done % config.eval_every == 0 && done != total) {
-      memory::set_phase("evaluation");
-      const train::Evaluation evaluation = run_evaluation();
-      if (printing) progress.message("eval at step " + std::to_string(done) + ": " + format_eval(evaluation));
-      metrics.write(eval_record(done, evaluation));
-    }
-  }
-  progress.finish();
-  const double train_seconds = seconds_since(run_start);
-  if (!config.trace_path.empty()) {
-    trace::write(config.trace_path, *world);  // collective: rank 0 writes every rank's events
-    if (printing) std::cout << "trace: " << config.trace_path << " (open in https://ui.perfetto.dev; dtrain trace summary "
-                            << config.trace_path << ")" << std::endl;
-  }
-
-  // End of run: evaluate on the whole validation split (the full test set
-  // for classification) and, for the GPT, write a few samples. A run stopped
-  // by a signal skips both: it is to end promptly, and it will continue.
-  const bool stopped = result.stopped_by_signal != 0;
-  std::optional<train::Evaluation> final_eval;
-  if (!stopped) {
-    memory::set_phase("final evaluation");
-    final_eval = run_evaluation();
-    metrics.write(eval_record(total, *final_eval));
-  }
-  if (model.gpt && !stopped) {
-    result.samples = train::generate_samples(
-        model.gpt, {.count = config.samples, .bytes = config.sample_bytes, .prompt = config.sample_prompt, .seed = config.seed},
-        [&](const torch::Tensor& tokens) { return strategy->forward(tokens); });
-  }
-
-  auto rss = torch::zeros({world_size}, torch::kFloat64);
-  rss[rank] = static_cast<double>(memory::peak_rss_bytes());
-  world->all_reduce(rss, ReduceOp::Sum)->wait();
-
-  result.steps = steps_done;
-  result.loss = result.losses.empty() ? 0 : result.losses.back();
-  if (final_eval) {
-    result.eval_loss = final_eval->loss;
-    result.eval_accuracy = final_eval->accuracy;
-  }
-  result.step_time_s_median = median(step_times);
-  result.step_peak_bytes = *std::max_element(peaks.begin(), peaks.end());
-  for (int r = 0; r < world_size; ++r) {
-    result.construction_peak_bytes = std::max(result.construction_peak_bytes,
-                                              static_cast<int64_t>(construction_peaks[r].item<double>()));
-    peaks[static_cast<size_t>(r)] = std::max(peaks[static_cast<size_t>(r)],
-                                             static_cast<int64_t>(construction_peaks[r].item<double>()));
-  }
-  result.peak_memory_bytes_per_rank = peaks;
-  result.peak_memory_bytes = *std::max_element(peaks.begin(), peaks.end());
-  result.peak_rss_bytes = static_cast<int64_t>(rss.max().item<double>());
-
-  nlohmann::ordered_json final_line = train::final_record(config, result, model.parameters);
-  final_line["local_batch_sizes"] = stragglers.local_batch_sizes();  // --balance; [] = the even split
-  final_line["train_time_s"] = train_seconds;
-  metrics.write(final_line);
-
-  if (stopped) {
-    if (printing)
-      std::cout << train::signal_name(result.stopped_by_signal) << ": stopped after step " << steps_done
-                << "; checkpoint saved in " << train::checkpoint_path(config.checkpoint_dir, steps_done)
-                << " (continue with the same command and --resume)" << std::endl;
-    return result;
-  }
-
-  if (printing) {
-    std::ostringstream text;
-    text.setf(std::ios::fixed);
-    if (final_eval->accuracy) {
-      text.precision(2);
-      text << "test accuracy: " << 100 * *final_eval->accuracy << "% on " << train::format_count(eval_count)
-           << " test images (loss ";
-      text.precision(4);
-      text << final_eval->loss << ")\n";
-    } else {
-      text.precision(4);
-      text << "validation loss: " << final_eval->loss << " (" << eval_count << " windows of " << config.seq_len
-           << " bytes)\n";
-      for (size_t i = 0; i < result.samples.size(); ++i) {
-        text << "sample " << i + 1 << ":\n";
-        std::istringstream lines(train::printable(result.samples[i]));
-        for (std::string line; std::getline(lines, line);) text << "  | " << line << "\n";
-      }
-    }
-    text.precision(3);
-    text << "done: " << total << " steps";
-    if (result.resumed_from_step > 0) text << " (" << total - result.resumed_from_step << " after resuming)";
-    if (result.skipped_steps > 0) text << ", " << result.skipped_steps << " skipped (non-finite)";
-    text << " in " << train::format_duration(train_seconds) << " (median step "
-         << result.step_time_s_median << " s); peak memory per rank " << per_rank_bytes(peaks) << ", peak RSS "
-         << train::format_bytes(result.peak_rss_bytes) << "\n";
-    if (auto memory = train::memory_summary(config, world_size, result)) text << *memory << "\n";
-    std::cout << text.str() << std::flush;
-  }
-  return result;
+  return DataParallelRun(config, std::move(world)).run();
 }
 
 }  // namespace dtrain

@@ -1,0 +1,84 @@
+#include "train/run_report.h"
+
+#include "train/progress.h"
+
+#include <sstream>
+#include <utility>
+
+namespace dtrain::train {
+
+std::string format_parameters(int64_t n) {
+  std::ostringstream text;
+  text.precision(3);
+  if (n >= 1'000'000)
+    text << static_cast<double>(n) / 1e6 << "M";
+  else
+    text << format_count(n);
+  return text.str();
+}
+
+std::string per_rank_bytes(const std::vector<int64_t>& bytes) {
+  std::string text;
+  for (size_t rank = 0; rank < bytes.size(); ++rank) text += (rank == 0 ? "" : " | ") + format_bytes(bytes[rank]);
+  return text;
+}
+
+std::string describe_model(const TrainConfig& c) {
+  std::ostringstream text;
+  if (c.model == "mlp") {
+    text << "mlp (hidden";
+    for (size_t i = 0; i < c.mlp_hidden.size(); ++i) text << (i == 0 ? " " : ",") << c.mlp_hidden[i];
+    text << ")";
+  } else if (c.model == "gpt") {
+    text << "gpt (" << c.gpt_layers << (c.gpt_layers == 1 ? " layer" : " layers") << ", dim " << c.gpt_dim << ", " << c.gpt_heads << " heads, context "
+         << c.seq_len << ")";
+  } else {
+    text << c.model;
+  }
+  return text.str();
+}
+
+std::string format_eval(const Evaluation& e) {
+  std::ostringstream text;
+  text.setf(std::ios::fixed);
+  text.precision(4);
+  text << "loss " << e.loss;
+  if (e.accuracy) {
+    text.precision(2);
+    text << ", accuracy " << 100 * *e.accuracy << "%";
+  }
+  return text.str();
+}
+
+nlohmann::ordered_json eval_record(int64_t step, const Evaluation& e) {
+  nlohmann::ordered_json record{{"step", step}, {"eval_loss", e.loss}};
+  if (e.accuracy) record["eval_accuracy"] = *e.accuracy;
+  return record;
+}
+
+std::map<std::string, std::string> run_description(const TrainConfig& c, int64_t total) {
+  return {{"model", c.model},
+          {"data", c.data},
+          {"batch_size", std::to_string(c.batch_size)},
+          {"seed", std::to_string(c.seed)},
+          {"total_steps", std::to_string(total)}};
+}
+
+std::vector<std::string> resume_differences(const std::map<std::string, std::string>& saved,
+                                            const std::map<std::string, std::string>& now) {
+  static const std::map<std::string, std::pair<std::string, std::string>> meaning = {
+      {"data", {"--data", "training continues on other data"}},
+      {"batch_size", {"--batch-size", "the global batch, and so each step's samples, differ from here on"}},
+      {"seed", {"--seed", "the data order differs from here on"}},
+      {"total_steps", {"--steps", "the learning-rate schedule is stretched to the new length from here on"}}};
+  std::vector<std::string> lines;
+  for (const auto& [key, what] : meaning) {
+    const auto old_value = saved.find(key), new_value = now.find(key);
+    if (old_value == saved.end() || new_value == now.end() || old_value->second == new_value->second) continue;
+    lines.push_back(what.first + " " + new_value->second + " differs from the checkpoint's " + old_value->second +
+                    ": " + what.second);
+  }
+  return lines;
+}
+
+}  // namespace dtrain::train
