@@ -12,6 +12,7 @@
 #include "train/model.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
+#include "train/run_report.h"
 #include "train/stragglers.h"
 #include "train/training_data.h"
 #include "common/timing.h"
@@ -68,246 +69,313 @@ bool is_parameter_server(const std::string& strategy) {
   return strategy_info(strategy).engine == StrategyEngine::ParameterServer;
 }
 
-TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
-  const int world_size = world->size();
-  const int rank = world->rank();
-  const bool printing = config.print && rank == 0;  // rank 0 is always a worker
-  memory::install_tracking_allocator();
+namespace {
 
-  ps::Group group(world, {.mode = mode_of(config.strategy),
-                          .servers = config.servers,
-                          .staleness = mode_of(config.strategy) == ps::Mode::SSP ? config.staleness : 0,
-                          .backup_workers = config.backup_workers});
-  const int workers = group.workers();
-  const bool lockstep = mode_of(config.strategy) == ps::Mode::Sync && config.backup_workers == 0;
-  const OptimizerConfig optimizer_config{
-      .name = config.optimizer, .lr = config.lr, .momentum = config.momentum, .weight_decay = config.weight_decay};
+// This worker's step: its loss (the global batch's under lockstep, else its
+// own part's mean) and learning rate.
+struct WorkerStep {
+  double loss = 0;
+  double lr = 0;
+};
 
-  // Workers only: the servers never read a sample.
-  std::optional<TrainingData> data;
-  std::optional<data::DistributedSampler> sampler;
-  auto make_sampler = [&](std::vector<int64_t> sizes) {
-    sampler.emplace(data::SamplerOptions{.dataset_size = data->train->size(),
-                                         .global_batch_size = config.batch_size,
-                                         .world_size = workers,
-                                         .rank = group.worker_index(),
-                                         .seed = config.seed,
-                                         .shuffle = config.shuffle,
-                                         .local_batch_sizes = std::move(sizes)});
-  };
-  int64_t total = config.steps;
-  if (group.is_worker()) {
-    data.emplace(load_training_data(config));
+// One parameter-server run on this rank: the last config.servers ranks
+// serve, the others train as workers (see ps_training.h).
+class ParameterServerRun {
+ public:
+  ParameterServerRun(const TrainConfig& config, CommPtr world);
+  TrainResult run();
+
+ private:
+  void make_sampler(std::vector<int64_t> sizes);
+  void print_banner() const;
+  void train_as_worker();
+  WorkerStep worker_step(ps::Worker& worker, int64_t step, Stragglers& stragglers);
+  void evaluate_at_end();
+  void gather_memory();
+  void write_final_line(const ps::Summary& summary);
+  void print_summary(const ps::Summary& summary) const;
+  int64_t training_bytes() const { return std::max<int64_t>(0, memory::peak_bytes() - baseline_); }
+  double samples_per_s(const ps::Summary& summary) const;
+
+  const TrainConfig& config_;
+  CommPtr world_;
+  const int world_size_, rank_;
+  const bool printing_;  // rank 0 is always a worker
+  ps::Group group_;
+  const int workers_;
+  const bool lockstep_;
+  std::optional<TrainingData> data_;  // workers only: the servers never read a sample
+  std::optional<data::DistributedSampler> sampler_;
+  int64_t total_ = 0;
+  MetricsWriter metrics_;
+  int64_t baseline_ = 0;
+  Model model_;
+  int64_t start_bytes_ = 0;
+  std::vector<torch::Tensor> parameters_;
+
+  TrainResult result_;
+  std::optional<Evaluation> final_eval_;
+  double train_seconds_ = 0;
+  std::vector<double> step_times_;
+  std::vector<int64_t> balanced_;
+  std::optional<ProgressLine> progress_;
+};
+
+ParameterServerRun::ParameterServerRun(const TrainConfig& config, CommPtr world)
+    : config_(config),
+      world_(std::move(world)),
+      world_size_(world_->size()),
+      rank_(world_->rank()),
+      printing_(config.print && rank_ == 0),
+      group_((memory::install_tracking_allocator(), world_),
+             {.mode = mode_of(config.strategy),
+              .servers = config.servers,
+              .staleness = mode_of(config.strategy) == ps::Mode::SSP ? config.staleness : 0,
+              .backup_workers = config.backup_workers}),
+      workers_(group_.workers()),
+      lockstep_(mode_of(config.strategy) == ps::Mode::Sync && config.backup_workers == 0) {
+  total_ = config_.steps;
+  if (group_.is_worker()) {
+    data_.emplace(load_training_data(config_));
     make_sampler({});
-    if (config.steps == 0) total = sampler->steps_for_epochs(config.epochs);
+    if (config_.steps == 0) total_ = sampler_->steps_for_epochs(config_.epochs);
   }
-  MetricsWriter metrics;
-  if (rank == 0 && !config.metrics_path.empty()) metrics = MetricsWriter(config.metrics_path);
+  if (rank_ == 0 && !config_.metrics_path.empty()) metrics_ = MetricsWriter(config_.metrics_path);
 
-  const int64_t baseline = memory::live_bytes();
+  baseline_ = memory::live_bytes();
   memory::reset_peak();
-  auto training_bytes = [baseline] { return std::max<int64_t>(0, memory::peak_bytes() - baseline); };
-
-  torch::manual_seed(config.seed);  // the same layout everywhere; workers start from rank 0's values anyway
-  Model model = build_model(config);
-  if (!config.init_from.empty()) load_initial_weights(*model.module, config.init_from);
+  torch::manual_seed(config_.seed);  // the same layout everywhere; workers start from rank 0's values anyway
+  model_ = build_model(config_);
+  if (!config_.init_from.empty()) load_initial_weights(*model_.module, config_.init_from);
   // The start (the whole model on every rank, and --init-from's file) is
   // measured apart from the steps, as run_training does.
-  const int64_t start_bytes = training_bytes();
+  start_bytes_ = training_bytes();
   memory::reset_peak();
-  const std::vector<torch::Tensor> parameters = model.module->parameters();
+  parameters_ = model_.module->parameters();
+  result_.world_size = world_size_;
+}
 
-  TrainResult result;
-  result.world_size = world_size;
-  std::optional<ps::ServerReport> report;
-  std::optional<Evaluation> final_eval;
-  double train_seconds = 0;
-  std::vector<double> step_times;
-  std::vector<int64_t> balanced;
+void ParameterServerRun::make_sampler(std::vector<int64_t> sizes) {
+  sampler_.emplace(data::SamplerOptions{.dataset_size = data_->train->size(),
+                                        .global_batch_size = config_.batch_size,
+                                        .world_size = workers_,
+                                        .rank = group_.worker_index(),
+                                        .seed = config_.seed,
+                                        .shuffle = config_.shuffle,
+                                        .local_batch_sizes = std::move(sizes)});
+}
 
+TrainResult ParameterServerRun::run() {
   // --trace: this rank's timeline, servers included (dtrain/trace.h).
-  if (!config.trace_path.empty()) trace::start(rank);
-  if (group.is_server()) {
-    report = ps::serve(group, parameters, [&](std::vector<torch::Tensor> piece) {
-      return make_optimizer(piece, optimizer_config);
-    });
+  if (!config_.trace_path.empty()) trace::start(rank_);
+  std::optional<ps::ServerReport> report;
+  if (group_.is_server()) {
+    const OptimizerConfig optimizer{
+        .name = config_.optimizer, .lr = config_.lr, .momentum = config_.momentum, .weight_decay = config_.weight_decay};
+    report = ps::serve(group_, parameters_, [&](std::vector<torch::Tensor> piece) { return make_optimizer(piece, optimizer); });
   } else {
-    const int64_t batch = config.batch_size;
-    const double scale = static_cast<double>(workers) / static_cast<double>(batch);  // Note [global batch loss]
-    if (printing) {
-      std::cout << "dtrain train: " << config.model << ", " << model.parameters << " parameters\n"
-                << "  data      " << data->description << "\n"
-                << "  strategy  " << config.strategy << " on " << world_size << " ranks: " << workers
-                << (workers == 1 ? " worker" : " workers") << " (ranks 0-" << workers - 1 << "), " << config.servers
-                << (config.servers == 1 ? " server" : " servers");
-      if (mode_of(config.strategy) == ps::Mode::SSP) std::cout << ", staleness bound " << config.staleness;
-      if (config.backup_workers > 0) std::cout << ", " << config.backup_workers << " backup worker(s)";
-      if (config.slow_rank >= 0) std::cout << "; rank " << config.slow_rank << " slowed " << config.slow_factor << "x";
-      std::cout << "\n  schedule  " << total << " steps of " << batch << " samples, " << config.optimizer << " lr "
-                << config.lr << std::endl;
-    }
-    ps::Worker worker(group, parameters);
-    torch::manual_seed(config.seed + 1 + static_cast<uint64_t>(rank));  // dropout masks differ per worker
-    const LRSchedule schedule{.peak_lr = config.lr, .warmup_steps = config.warmup, .total_steps = total};
-    Stragglers stragglers(config, rank, group.worker_index(), workers);
-    ProgressLine progress(std::cout, printing && config.live_progress.value_or(ProgressLine::stdout_is_terminal()),
-                          config.log_every);
-    StepLog step_log(metrics, config.log_every, data->unit + "_per_s");
-    PlainForward plain(model);
-    model.module->train();
-    const auto run_start = Clock::now();
-    while (worker.next_step() < total) {
-      const auto start = Clock::now();
-      const int64_t step = worker.next_step();
-      trace::Span step_span("step", trace::category::step, {{"step", step + 1}});
-      const double lr = learning_rate(schedule, step);
-      const std::vector<int64_t> indices = sampler->local_batch(step);
-      const data::Batch part = data->train->get_batch(indices);
-      stragglers.begin();
-      for (auto& p : parameters) p.mutable_grad() = torch::Tensor();
-      torch::Tensor local_sum;
-      {
-        trace::Span span("forward", trace::category::compute);
-        local_sum = per_sample_loss(model.forward(part.inputs), part.targets).sum();
-      }
-      if (step + 1 == config.debug_nan_at_step && rank == 0) local_sum = local_sum * std::nan("");
-      {
-        trace::Span span("backward", trace::category::compute);
-        (local_sum * scale).backward();
-      }
-      stragglers.end(static_cast<int64_t>(indices.size()));
-      worker.push_and_pull(lr);  // its send and receive are the communicator's "comm" spans
-      trace::sample_memory();
+    train_as_worker();
+  }
+  const ps::Summary summary = ps::summarize(group_, report ? &*report : nullptr);
+  if (!config_.trace_path.empty()) {
+    trace::write(config_.trace_path, *world_);  // collective: rank 0 writes every rank's events
+    if (printing_)
+      std::cout << "trace: " << config_.trace_path << " (open in https://ui.perfetto.dev; dtrain trace summary "
+                << config_.trace_path << ")" << std::endl;
+  }
+  if (group_.is_worker()) evaluate_at_end();
+  gather_memory();
+  result_.loss = result_.losses.empty() ? 0 : result_.losses.back();
+  result_.step_time_s_median = median(step_times_);
+  if (final_eval_) {
+    result_.eval_loss = final_eval_->loss;
+    result_.eval_accuracy = final_eval_->accuracy;
+  }
+  if (rank_ != 0) return result_;
+  write_final_line(summary);
+  print_summary(summary);
+  return result_;
+}
 
-      double loss = local_sum.item<double>() / static_cast<double>(indices.size());  // this worker's part
-      if (lockstep) {
-        auto sum = local_sum.detach().to(torch::kFloat64).reshape({1}).clone();
-        group.workers_comm()->all_reduce(sum, ReduceOp::Sum)->wait();
-        loss = sum.item<double>() / static_cast<double>(batch);
-      }
-      if (!std::isfinite(loss))
-        throw std::runtime_error("the loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
-                                 ": training diverged; try a lower --lr or more --warmup");
-      // The servers' step count, not step + 1: under ps-sync with backup
-      // workers a late push is dropped and this worker jumps ahead to the
-      // servers' version (Note [backup workers]), possibly past the last step,
-      // and the step line must still name the step the run has reached.
-      const int64_t done = worker.next_step();
-      if (lockstep) {
-        if (auto sizes = stragglers.rebalance(done, *group.workers_comm())) {
-          make_sampler(*sizes);
-          balanced = *sizes;
-          if (printing)
-            progress.message("balance: after step " + std::to_string(done) + " the workers' local batches are " +
+void ParameterServerRun::print_banner() const {
+  if (!printing_) return;
+  const TrainConfig& c = config_;
+  std::cout << "dtrain train: " << c.model << ", " << model_.parameters << " parameters\n"
+            << "  data      " << data_->description << "\n"
+            << "  strategy  " << c.strategy << " on " << world_size_ << " ranks: " << workers_
+            << (workers_ == 1 ? " worker" : " workers") << " (ranks 0-" << workers_ - 1 << "), " << c.servers
+            << (c.servers == 1 ? " server" : " servers");
+  if (mode_of(c.strategy) == ps::Mode::SSP) std::cout << ", staleness bound " << c.staleness;
+  if (c.backup_workers > 0) std::cout << ", " << c.backup_workers << " backup worker(s)";
+  if (c.slow_rank >= 0) std::cout << "; rank " << c.slow_rank << " slowed " << c.slow_factor << "x";
+  std::cout << "\n  schedule  " << total_ << " steps of " << c.batch_size << " samples, " << c.optimizer << " lr "
+            << c.lr << std::endl;
+}
+
+void ParameterServerRun::train_as_worker() {
+  print_banner();
+  ps::Worker worker(group_, parameters_);
+  torch::manual_seed(config_.seed + 1 + static_cast<uint64_t>(rank_));  // dropout masks differ per worker
+  Stragglers stragglers(config_, rank_, group_.worker_index(), workers_);
+  progress_.emplace(std::cout, printing_ && config_.live_progress.value_or(ProgressLine::stdout_is_terminal()),
+                    config_.log_every);
+  StepLog step_log(metrics_, config_.log_every, data_->unit + "_per_s");
+  PlainForward plain(model_);
+  model_.module->train();
+  const double units_per_step = static_cast<double>(config_.batch_size * data_->units_per_sample);
+  const auto run_start = Clock::now();
+  while (worker.next_step() < total_) {
+    const auto start = Clock::now();
+    const WorkerStep outcome = worker_step(worker, worker.next_step(), stragglers);
+    // The servers' step count, not step + 1: under ps-sync with backup
+    // workers a late push is dropped and this worker jumps ahead to the
+    // servers' version (Note [backup workers]), possibly past the last step,
+    // and the step line must still name the step the run has reached.
+    const int64_t done = worker.next_step();
+    if (lockstep_) {
+      if (auto sizes = stragglers.rebalance(done, *group_.workers_comm())) {
+        make_sampler(*sizes);
+        balanced_ = *sizes;
+        if (printing_)
+          progress_->message("balance: after step " + std::to_string(done) + " the workers' local batches are " +
                              format_split(*sizes) + " (measured samples/s)");
-        }
-      }
-      const double step_seconds = seconds_since(start);
-      step_times.push_back(step_seconds);
-      result.losses.push_back(loss);
-      const double units_per_step = static_cast<double>(batch * data->units_per_sample);
-      if (printing)
-        progress.update({.step = done,
-                         .total = total,
-                         .loss = loss,
-                         .rate = units_per_step / step_seconds,
-                         .rate_unit = data->unit + "/s",
-                         .eta_s = step_seconds * static_cast<double>(total - done),
-                         .peak_bytes_per_rank = {training_bytes()}});
-      step_log.record(done, total, loss, lr, step_seconds, units_per_step);
-      if (lockstep && config.eval_every > 0 && done % config.eval_every == 0 && done != total) {
-        const Evaluation e = evaluate(plain, model, *data->validation, data->validation->size(),
-                                      std::max<int64_t>(batch, 256), *group.workers_comm());
-        nlohmann::ordered_json record{{"step", done}, {"eval_loss", e.loss}};
-        if (e.accuracy) record["eval_accuracy"] = *e.accuracy;
-        metrics.write(record);
       }
     }
-    worker.finish();  // every worker now holds the servers' final parameters
-    progress.finish();
-    train_seconds = seconds_since(run_start);
-    result.steps = total;
+    const double step_seconds = seconds_since(start);
+    step_times_.push_back(step_seconds);
+    result_.losses.push_back(outcome.loss);
+    if (printing_)
+      progress_->update({.step = done,
+                         .total = total_,
+                         .loss = outcome.loss,
+                         .rate = units_per_step / step_seconds,
+                         .rate_unit = data_->unit + "/s",
+                         .eta_s = step_seconds * static_cast<double>(total_ - done),
+                         .peak_bytes_per_rank = {training_bytes()}});
+    step_log.record(done, total_, outcome.loss, outcome.lr, step_seconds, units_per_step);
+    if (lockstep_ && config_.eval_every > 0 && done % config_.eval_every == 0 && done != total_) {
+      const Evaluation e = evaluate(plain, model_, *data_->validation, data_->validation->size(),
+                                    std::max<int64_t>(config_.batch_size, 256), *group_.workers_comm());
+      metrics_.write(eval_record(done, e));
+    }
   }
+  worker.finish();  // every worker now holds the servers' final parameters
+  progress_->finish();
+  train_seconds_ = seconds_since(run_start);
+  result_.steps = total_;
+}
 
-  const ps::Summary summary = ps::summarize(group, report ? &*report : nullptr);
-  if (!config.trace_path.empty()) {
-    trace::write(config.trace_path, *world);  // collective: rank 0 writes every rank's events
-    if (printing)
-      std::cout << "trace: " << config.trace_path << " (open in https://ui.perfetto.dev; dtrain trace summary "
-                << config.trace_path << ")" << std::endl;
+WorkerStep ParameterServerRun::worker_step(ps::Worker& worker, int64_t step, Stragglers& stragglers) {
+  trace::Span step_span("step", trace::category::step, {{"step", step + 1}});
+  WorkerStep outcome;
+  outcome.lr = learning_rate({.peak_lr = config_.lr, .warmup_steps = config_.warmup, .total_steps = total_}, step);
+  const std::vector<int64_t> indices = sampler_->local_batch(step);
+  const data::Batch part = data_->train->get_batch(indices);
+  stragglers.begin();
+  for (auto& p : parameters_) p.mutable_grad() = torch::Tensor();
+  torch::Tensor local_sum;
+  {
+    trace::Span span("forward", trace::category::compute);
+    local_sum = per_sample_loss(model_.forward(part.inputs), part.targets).sum();
   }
-  if (group.is_worker()) {
-    const int64_t eval_count = model.classification ? data->validation->size()
-                                                    : std::min(data->validation->size(), config.eval_windows);
-    PlainForward plain(model);
-    final_eval = evaluate(plain, model, *data->validation, eval_count, std::max<int64_t>(config.batch_size, 256),
-                          *group.workers_comm());
-    nlohmann::ordered_json record{{"step", total}, {"eval_loss", final_eval->loss}};
-    if (final_eval->accuracy) record["eval_accuracy"] = *final_eval->accuracy;
-    metrics.write(record);
+  if (step + 1 == config_.debug_nan_at_step && rank_ == 0) local_sum = local_sum * std::nan("");
+  {
+    trace::Span span("backward", trace::category::compute);
+    // Note [global batch loss], with W = the number of workers.
+    (local_sum * (static_cast<double>(workers_) / static_cast<double>(config_.batch_size))).backward();
   }
+  stragglers.end(static_cast<int64_t>(indices.size()));
+  worker.push_and_pull(outcome.lr);  // its send and receive are the communicator's "comm" spans
+  trace::sample_memory();
 
-  // Every rank's peak memory and RSS, servers included, and rank 0's time.
-  auto stats = torch::zeros({3 * world_size}, torch::kFloat64);
-  stats[rank] = static_cast<double>(training_bytes());
-  stats[world_size + rank] = static_cast<double>(memory::peak_rss_bytes());
-  stats[2 * world_size + rank] = static_cast<double>(start_bytes);
-  world->all_reduce(stats, ReduceOp::Sum)->wait();
-  result.peak_memory_bytes_per_rank.resize(static_cast<size_t>(world_size));
-  for (int r = 0; r < world_size; ++r) {
+  outcome.loss = local_sum.item<double>() / static_cast<double>(indices.size());  // this worker's part
+  if (lockstep_) {
+    auto sum = local_sum.detach().to(torch::kFloat64).reshape({1}).clone();
+    group_.workers_comm()->all_reduce(sum, ReduceOp::Sum)->wait();
+    outcome.loss = sum.item<double>() / static_cast<double>(config_.batch_size);
+  }
+  if (!std::isfinite(outcome.loss))
+    throw std::runtime_error("the loss is " + std::to_string(outcome.loss) + " at step " + std::to_string(step + 1) +
+                             ": training diverged; try a lower --lr or more --warmup");
+  return outcome;
+}
+
+void ParameterServerRun::evaluate_at_end() {
+  const int64_t eval_count = model_.classification ? data_->validation->size()
+                                                   : std::min(data_->validation->size(), config_.eval_windows);
+  PlainForward plain(model_);
+  final_eval_ = evaluate(plain, model_, *data_->validation, eval_count, std::max<int64_t>(config_.batch_size, 256),
+                         *group_.workers_comm());
+  metrics_.write(eval_record(total_, *final_eval_));
+}
+
+// Every rank's peak memory and RSS, servers included.
+void ParameterServerRun::gather_memory() {
+  auto stats = torch::zeros({3 * world_size_}, torch::kFloat64);
+  stats[rank_] = static_cast<double>(training_bytes());
+  stats[world_size_ + rank_] = static_cast<double>(memory::peak_rss_bytes());
+  stats[2 * world_size_ + rank_] = static_cast<double>(start_bytes_);
+  world_->all_reduce(stats, ReduceOp::Sum)->wait();
+  result_.peak_memory_bytes_per_rank.resize(static_cast<size_t>(world_size_));
+  for (int r = 0; r < world_size_; ++r) {
     const auto steps = static_cast<int64_t>(stats[r].item<double>());
-    const auto start = static_cast<int64_t>(stats[2 * world_size + r].item<double>());
-    result.step_peak_bytes = std::max(result.step_peak_bytes, steps);
-    result.construction_peak_bytes = std::max(result.construction_peak_bytes, start);
-    result.peak_memory_bytes_per_rank[static_cast<size_t>(r)] = std::max(steps, start);
-    result.peak_rss_bytes = std::max(result.peak_rss_bytes, static_cast<int64_t>(stats[world_size + r].item<double>()));
+    const auto start = static_cast<int64_t>(stats[2 * world_size_ + r].item<double>());
+    result_.step_peak_bytes = std::max(result_.step_peak_bytes, steps);
+    result_.construction_peak_bytes = std::max(result_.construction_peak_bytes, start);
+    result_.peak_memory_bytes_per_rank[static_cast<size_t>(r)] = std::max(steps, start);
+    result_.peak_rss_bytes = std::max(result_.peak_rss_bytes, static_cast<int64_t>(stats[world_size_ + r].item<double>()));
   }
-  result.peak_memory_bytes =
-      *std::max_element(result.peak_memory_bytes_per_rank.begin(), result.peak_memory_bytes_per_rank.end());
-  result.loss = result.losses.empty() ? 0 : result.losses.back();
-  result.step_time_s_median = median(step_times);
-  if (final_eval) {
-    result.eval_loss = final_eval->loss;
-    result.eval_accuracy = final_eval->accuracy;
-  }
-  if (rank != 0) return result;
+  result_.peak_memory_bytes =
+      *std::max_element(result_.peak_memory_bytes_per_rank.begin(), result_.peak_memory_bytes_per_rank.end());
+}
 
-  // Samples whose gradients the servers applied: every server records each
-  // applied push, and a push carries B / W samples.
-  const double applied_samples = static_cast<double>(summary.updates) / config.servers *
-                                 static_cast<double>(config.batch_size) / workers;
-  const double samples_per_s = train_seconds > 0 ? applied_samples / train_seconds : 0;
-  nlohmann::ordered_json final_line = final_record(config, result, model.parameters);
-  final_line["workers"] = workers;
-  final_line["servers"] = config.servers;
-  final_line["train_time_s"] = train_seconds;
-  final_line["samples_per_s"] = samples_per_s;
+// Samples whose gradients the servers applied: every server records each
+// applied push, and a push carries B / W samples.
+double ParameterServerRun::samples_per_s(const ps::Summary& summary) const {
+  const double applied_samples = static_cast<double>(summary.updates) / config_.servers *
+                                 static_cast<double>(config_.batch_size) / workers_;
+  return train_seconds_ > 0 ? applied_samples / train_seconds_ : 0;
+}
+
+void ParameterServerRun::write_final_line(const ps::Summary& summary) {
+  nlohmann::ordered_json final_line = final_record(config_, result_, model_.parameters);
+  final_line["workers"] = workers_;
+  final_line["servers"] = config_.servers;
+  final_line["train_time_s"] = train_seconds_;
+  final_line["samples_per_s"] = samples_per_s(summary);
   final_line["updates"] = summary.updates;
   final_line["max_staleness"] = summary.max_staleness;
   final_line["mean_staleness"] = summary.mean_staleness;
   final_line["dropped_gradients"] = summary.dropped;
   final_line["max_clock_lead"] = summary.max_clock_lead;
-  final_line["local_batch_sizes"] = balanced;
-  metrics.write(final_line);
-  if (printing) {
-    std::ostringstream text;
-    text.setf(std::ios::fixed);
-    text.precision(4);
-    text << (model.classification ? "test " : "validation ") << "loss " << *result.eval_loss;
-    if (result.eval_accuracy) {
-      text.precision(2);
-      text << ", accuracy " << 100 * *result.eval_accuracy << "%";
-    }
-    text.precision(3);
-    text << "\ndone: " << config.strategy << ", " << workers << " workers + " << config.servers << " server(s), "
-         << result.steps << " steps in " << format_duration(train_seconds) << " (" << samples_per_s
-         << " applied samples/s); " << summary.updates << " updates, staleness in server versions max "
-         << summary.max_staleness << " mean " << summary.mean_staleness << ", clock lead max " << summary.max_clock_lead;
-    if (mode_of(config.strategy) == ps::Mode::SSP) text << " (bound --staleness " << config.staleness << ")";
-    text << ", " << summary.dropped << " dropped gradients\n";
-    std::cout << text.str() << std::flush;
+  final_line["local_batch_sizes"] = balanced_;
+  metrics_.write(final_line);
+}
+
+void ParameterServerRun::print_summary(const ps::Summary& summary) const {
+  if (!printing_) return;
+  std::ostringstream text;
+  text.setf(std::ios::fixed);
+  text.precision(4);
+  text << (model_.classification ? "test " : "validation ") << "loss " << *result_.eval_loss;
+  if (result_.eval_accuracy) {
+    text.precision(2);
+    text << ", accuracy " << 100 * *result_.eval_accuracy << "%";
   }
-  return result;
+  text.precision(3);
+  text << "\ndone: " << config_.strategy << ", " << workers_ << " workers + " << config_.servers << " server(s), "
+       << result_.steps << " steps in " << format_duration(train_seconds_) << " (" << samples_per_s(summary)
+       << " applied samples/s); " << summary.updates << " updates, staleness in server versions max "
+       << summary.max_staleness << " mean " << summary.mean_staleness << ", clock lead max " << summary.max_clock_lead;
+  if (mode_of(config_.strategy) == ps::Mode::SSP) text << " (bound --staleness " << config_.staleness << ")";
+  text << ", " << summary.dropped << " dropped gradients\n";
+  std::cout << text.str() << std::flush;
+}
+
+}  // namespace
+
+TrainResult run_parameter_server(const TrainConfig& config, CommPtr world) {
+  return ParameterServerRun(config, std::move(world)).run();
 }
 
 }  // namespace dtrain::train
