@@ -27,7 +27,7 @@ LEVEL = {
 # Which layer implements each public header.
 OWNER = {
     "sharding.h": "common", "strategy_table.h": "common", "memory.h": "common",
-    "comm.h": "comm", "trace.h": "trace",
+    "comm.h": "comm", "grad_norm.h": "comm", "trace.h": "trace",
     "models.h": "models", "deferred_init.h": "models", "data.h": "data",
     "ddp.h": "ddp", "comm_hooks.h": "ddp", "sync_batch_norm.h": "ddp",
     "fsdp.h": "fsdp", "ps.h": "ps",
@@ -41,8 +41,6 @@ KNOWN = {
                        "over the Communicator: split the trace writer into a layer above comm",
     ("data", "comm"): "the sampler splits batches with shard_range, declared in comm.h (and tested to throw CommError): "
                       "give it a header of its own in common",
-    ("fsdp", "ddp"): "fsdp_state.cpp uses ddp/replicas.h (rank 0's weights to every rank) and clip_grad_norm: "
-                     "move them to a layer both engines share",
 }
 
 INCLUDE = re.compile(r'#include [<"]([a-z_]+)/([^">]+)[">]')

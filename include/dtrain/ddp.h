@@ -14,6 +14,7 @@
 #pragma once
 
 #include <dtrain/comm.h>
+#include <dtrain/grad_norm.h>
 #include <dtrain/comm_hooks.h>
 
 #include <torch/nn/module.h>
@@ -136,11 +137,6 @@ class DistributedDataParallel : public DistributedDataParallelBase {
 // Returns the total norm before clipping. norm_type may be infinity.
 double clip_grad_norm(DistributedDataParallelBase& ddp, double max_norm, double norm_type = 2.0);
 
-// The same over parameters whose gradients are split across `shards_across`
-// (each rank holds a disjoint part, as under FSDP): one all-reduce of the
-// local sum of |g|^p (max for infinity). With shards_across == nullptr the
-// gradients are taken as replicated (DDP, single process).
-double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type,
-                      Communicator* shards_across);
+// The same over any parameters, replicated or sharded: dtrain/grad_norm.h.
 
 }  // namespace dtrain

@@ -1,5 +1,5 @@
 #include "ddp/reducer.h"
-#include "ddp/replicas.h"
+#include "comm/replicas.h"
 
 #include <dtrain/ddp.h>
 #include <dtrain/deferred_init.h>

@@ -1,6 +1,6 @@
 #include "fsdp/fsdp_state.h"
 
-#include "ddp/replicas.h"
+#include "comm/replicas.h"
 #include "fsdp/activation_checkpoint.h"
 #include "fsdp/reduction_order.h"
 #include "fsdp/wrap_policy.h"

@@ -1,7 +1,7 @@
 // The public face of FSDP (include/dtrain/fsdp.h) over FSDPState.
 #include "fsdp/fsdp_state.h"
 
-#include <dtrain/ddp.h>
+#include <dtrain/grad_norm.h>
 #include <dtrain/fsdp.h>
 
 #include <torch/nn/module.h>

@@ -1,4 +1,4 @@
-#include "ddp/replicas.h"
+#include "comm/replicas.h"
 
 #include <torch/types.h>
 #include <torch/utils.h>
