@@ -27,11 +27,11 @@ LEVEL = {
 # Which layer implements each public header.
 OWNER = {
     "sharding.h": "common", "strategy_table.h": "common", "memory.h": "common",
-    "comm.h": "comm", "grad_norm.h": "comm", "trace.h": "trace",
+    "comm.h": "comm", "grad_norm.h": "comm", "trace.h": "trace", "trace_summary.h": "trace",
     "models.h": "models", "deferred_init.h": "models", "data.h": "data",
     "ddp.h": "ddp", "comm_hooks.h": "ddp", "sync_batch_norm.h": "ddp",
     "fsdp.h": "fsdp", "ps.h": "ps",
-    "checkpoint.h": "checkpoint", "checkpoint_manifest.h": "checkpoint",
+    "checkpoint.h": "checkpoint", "checkpoint_manifest.h": "checkpoint", "safetensors.h": "checkpoint",
     "plan.h": "plan", "train.h": "train",
 }
 

@@ -1,6 +1,7 @@
 #include "trace.h"
 
 #include "dtrain/trace.h"
+#include "dtrain/trace_summary.h"
 
 #include <nlohmann/json.hpp>
 

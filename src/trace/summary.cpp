@@ -1,6 +1,7 @@
 // The trace summary: compute, communication and exposed communication per
-// rank (see Note [trace summary] in dtrain/trace.h).
+// rank (see Note [trace summary] in dtrain/trace_summary.h).
 #include "dtrain/trace.h"
+#include "dtrain/trace_summary.h"
 
 #include <nlohmann/json.hpp>
 

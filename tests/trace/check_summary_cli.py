@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`dtrain trace summary` on traces a test run wrote: exits 0, prints a row per
 rank in its table, and its --json form agrees with the definitions in
-include/dtrain/trace.h (Note [trace summary]).
+include/dtrain/trace_summary.h (Note [trace summary]).
 
     check_summary_cli.py [--ranks N] DTRAIN TRACE.json [TRACE.json ...]
       (N: the ranks each trace must list, 0..N-1; 2 by default)
