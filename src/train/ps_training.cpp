@@ -156,13 +156,7 @@ ParameterServerRun::ParameterServerRun(const TrainConfig& config, CommPtr world)
 }
 
 void ParameterServerRun::make_sampler(std::vector<int64_t> sizes) {
-  sampler_.emplace(data::SamplerOptions{.dataset_size = data_->train->size(),
-                                        .global_batch_size = config_.batch_size,
-                                        .world_size = workers_,
-                                        .rank = group_.worker_index(),
-                                        .seed = config_.seed,
-                                        .shuffle = config_.shuffle,
-                                        .local_batch_sizes = std::move(sizes)});
+  sampler_.emplace(sampler_options(config_, *data_, workers_, group_.worker_index(), std::move(sizes)));
 }
 
 TrainResult ParameterServerRun::run() {

@@ -162,13 +162,7 @@ DataParallelRun::DataParallelRun(const TrainConfig& config, CommPtr world)
 }
 
 void DataParallelRun::make_sampler(std::vector<int64_t> local_batch_sizes) {
-  sampler_.emplace(data::SamplerOptions{.dataset_size = data_.train->size(),
-                                        .global_batch_size = config_.batch_size,
-                                        .world_size = world_size_,
-                                        .rank = rank_,
-                                        .seed = config_.seed,
-                                        .shuffle = config_.shuffle,
-                                        .local_batch_sizes = std::move(local_batch_sizes)});
+  sampler_.emplace(train::sampler_options(config_, data_, world_size_, rank_, std::move(local_batch_sizes)));
 }
 
 // Construction: the sharded strategies build the model deferred and

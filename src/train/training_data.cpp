@@ -33,4 +33,15 @@ TrainingData load_training_data(const TrainConfig& config) {
   return result;
 }
 
+data::SamplerOptions sampler_options(const TrainConfig& config, const TrainingData& data, int ranks, int rank,
+                                     std::vector<int64_t> local_batch_sizes) {
+  return {.dataset_size = data.train->size(),
+          .global_batch_size = config.batch_size,
+          .world_size = ranks,
+          .rank = rank,
+          .seed = config.seed,
+          .shuffle = config.shuffle,
+          .local_batch_sizes = std::move(local_batch_sizes)};
+}
+
 }  // namespace dtrain::train

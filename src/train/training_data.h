@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace dtrain::train {
 
@@ -24,6 +25,11 @@ struct TrainingData {
 
 // Throws std::runtime_error when the data cannot be read.
 TrainingData load_training_data(const TrainConfig& config);
+
+// How rank `rank` of the `ranks` that read data samples its part of each
+// global batch (--balance: `local_batch_sizes`; empty = the even split).
+data::SamplerOptions sampler_options(const TrainConfig& config, const TrainingData& data, int ranks, int rank,
+                                     std::vector<int64_t> local_batch_sizes);
 
 // "text:PATH" -> PATH; "" for anything else.
 std::string text_path(const std::string& data);
