@@ -11,6 +11,8 @@
 // MASTER_PORT).
 #pragma once
 
+#include <dtrain/shard_range.h>
+
 #include <torch/types.h>
 
 #include <chrono>
@@ -22,14 +24,6 @@
 
 namespace dtrain {
 
-// Thrown from Work::wait() (and from synchronous calls such as split()) when a
-// communication failed: a backend error, a watchdog timeout, a mismatch found
-// by debug mode, or invalid arguments.
-class CommError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
 enum class ReduceOp { Sum, Avg, Max, Min };
 
 // Point-to-point tags must lie in 0..kMaxTag (the bound every MPI guarantees).
@@ -37,16 +31,6 @@ constexpr int kMaxTag = 32767;
 const char* to_string(ReduceOp op);
 // "float32", "bfloat16", "int64", ...: the names error messages use.
 std::string dtype_name(torch::ScalarType dtype);
-
-// Which elements of a flat buffer of `total` elements rank `rank` of `world`
-// owns. Shards are as even as possible: the first total % world ranks hold one
-// element more. all_gather and reduce_scatter use this split whenever the full
-// size is not a multiple of the world size.
-struct ShardRange {
-  int64_t offset = 0;
-  int64_t count = 0;
-};
-ShardRange shard_range(int64_t total, int world, int rank);
 
 // Handle to one queued operation.
 class Work {

@@ -1,6 +1,6 @@
 #include "dtrain/data.h"
 
-#include "dtrain/comm.h"
+#include "dtrain/shard_range.h"
 
 #include <limits>
 #include <numeric>

@@ -1,6 +1,7 @@
-#include "dtrain/comm.h"
+#include "dtrain/shard_range.h"
 
 #include <algorithm>
+#include <string>
 
 namespace dtrain {
 
