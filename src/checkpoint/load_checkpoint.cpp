@@ -87,12 +87,13 @@ class CheckpointReader {
 // problem found (as text) and throws the same error naming them.
 void verify_files(const std::string& dir, const CheckpointManifest& manifest, const CommPtr& comm) {
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
-  std::vector<std::string> found;
+  // This rank's files, with the tensor table their headers are checked against.
+  CheckpointManifest mine_only = manifest;
+  mine_only.files.clear();
   for (size_t f = static_cast<size_t>(rank); f < manifest.files.size(); f += static_cast<size_t>(world)) {
-    CheckpointManifest one = manifest;  // the tensor table too: file headers are checked against it
-    one.files = {manifest.files[f]};
-    for (auto& problem : verify_checkpoint_files(dir, one)) found.push_back(std::move(problem));
+    mine_only.files.push_back(manifest.files[f]);
   }
+  const std::vector<std::string> found = verify_checkpoint_files(dir, mine_only);
   // The first few of each rank: a manifest of another model can disagree with every entry.
   constexpr size_t kShown = 4;
   std::string mine;
@@ -161,10 +162,11 @@ CheckpointManifest load_held(const std::string& dir, const detail::HeldModel& he
         if (!tensor.parameter.defined()) continue;
         std::vector<std::string> present, missing;
         for (const auto& key : keys) {
-          const bool optional = key == "max_exp_avg_sq";  // AdamW without amsgrad keeps none
-          (manifest.tensors.count(detail::optimizer_state_name(tensor.name, key)) ? present : missing)
-              .push_back(key);
-          if (optional && !missing.empty() && missing.back() == key) missing.pop_back();
+          if (manifest.tensors.count(detail::optimizer_state_name(tensor.name, key))) {
+            present.push_back(key);
+          } else if (key != "max_exp_avg_sq") {  // AdamW without amsgrad keeps none
+            missing.push_back(key);
+          }
         }
         if (!present.empty() && !missing.empty()) {
           std::string fields;

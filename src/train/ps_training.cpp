@@ -171,12 +171,7 @@ TrainResult ParameterServerRun::run() {
     train_as_worker();
   }
   const ps::Summary summary = ps::summarize(group_, report ? &*report : nullptr);
-  if (!config_.trace_path.empty()) {
-    trace::write(config_.trace_path, *world_);  // collective: rank 0 writes every rank's events
-    if (printing_)
-      std::cout << "trace: " << config_.trace_path << " (open in https://ui.perfetto.dev; dtrain trace summary "
-                << config_.trace_path << ")" << std::endl;
-  }
+  train::write_trace_if_asked(config_, *world_, printing_);
   if (group_.is_worker()) evaluate_at_end();
   gather_memory();
   result_.loss = result_.losses.empty() ? 0 : result_.losses.back();

@@ -2,6 +2,9 @@
 
 #include "train/progress.h"
 
+#include "dtrain/trace.h"
+
+#include <iostream>
 #include <sstream>
 #include <utility>
 
@@ -79,6 +82,14 @@ std::vector<std::string> resume_differences(const std::map<std::string, std::str
                     ": " + what.second);
   }
   return lines;
+}
+
+void write_trace_if_asked(const TrainConfig& config, Communicator& world, bool printing) {
+  if (config.trace_path.empty()) return;
+  trace::write(config.trace_path, world);  // rank 0 writes every rank's events
+  if (printing)
+    std::cout << "trace: " << config.trace_path << " (open in https://ui.perfetto.dev; dtrain trace summary "
+              << config.trace_path << ")" << std::endl;
 }
 
 }  // namespace dtrain::train

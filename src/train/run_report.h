@@ -4,6 +4,7 @@
 // run's results; the loop never formats text).
 #pragma once
 
+#include "dtrain/comm.h"
 #include "dtrain/train.h"
 #include "train/evaluate.h"
 
@@ -37,5 +38,10 @@ std::map<std::string, std::string> run_description(const TrainConfig& c, int64_t
 // is then not the uninterrupted run's, and the user should know.
 std::vector<std::string> resume_differences(const std::map<std::string, std::string>& saved,
                                             const std::map<std::string, std::string>& now);
+
+// --trace: stops recording and writes every rank's events to
+// config.trace_path (collective over `world`: every rank calls it), then says
+// where when `printing`. Does nothing without --trace.
+void write_trace_if_asked(const TrainConfig& config, Communicator& world, bool printing);
 
 }  // namespace dtrain::train

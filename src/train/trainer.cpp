@@ -391,12 +391,7 @@ TrainResult DataParallelRun::run() {
   }
   progress_->finish();
   const double train_seconds = seconds_since(run_start);
-  if (!config_.trace_path.empty()) {
-    trace::write(config_.trace_path, *world_);  // collective: rank 0 writes every rank's events
-    if (printing_)
-      std::cout << "trace: " << config_.trace_path << " (open in https://ui.perfetto.dev; dtrain trace summary "
-                << config_.trace_path << ")" << std::endl;
-  }
+  train::write_trace_if_asked(config_, *world_, printing_);
   finish(train_seconds);
   print_summary(train_seconds);
   return result_;
