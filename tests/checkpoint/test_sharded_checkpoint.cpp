@@ -234,6 +234,17 @@ std::string error_of_load(Trainee& trainee, const std::string& dir) {
   return "";
 }
 
+// Damages `path` in place: XORs the byte `from_end` bytes before its end with `mask`.
+void flip_byte(const std::string& path, int from_end, char mask) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  file.seekg(-from_end, std::ios::end);
+  char byte = 0;
+  file.read(&byte, 1);
+  byte ^= mask;
+  file.seekp(-from_end, std::ios::end);
+  file.write(&byte, 1);
+}
+
 TEST(Damage, FlippedByteNamesTheFile) {
   const std::string dir = shared_temp_dir("flip");
   Trainee trainee("fsdp", "adamw", 5);
@@ -244,15 +255,7 @@ TEST(Damage, FlippedByteNamesTheFile) {
   char name[64];
   std::snprintf(name, sizeof(name), "rank-%05d-of-%05d.safetensors", victim, world().size());
   barrier();
-  if (world().rank() == 0) {
-    std::fstream file(dir + "/" + name, std::ios::in | std::ios::out | std::ios::binary);
-    file.seekg(-3, std::ios::end);
-    char byte = 0;
-    file.read(&byte, 1);
-    byte ^= 0x10;
-    file.seekp(-3, std::ios::end);
-    file.write(&byte, 1);
-  }
+  if (world().rank() == 0) flip_byte(dir + "/" + name, 3, 0x10);
   barrier();
   const std::string error = error_of_load(trainee, dir);
   EXPECT_NE(error.find(name), std::string::npos) << error;
@@ -449,16 +452,7 @@ TEST(Damage, CraftedCheckpointsChangeNothing) {
        [&](const std::string& dir) { fs::resize_file(fs::path(dir) / first_file, fs::file_size(fs::path(dir) / first_file) - 100); },
        first_file},
       {"flipped byte", nullptr,
-       [&](const std::string& dir) {
-         std::fstream file(fs::path(dir) / first_file, std::ios::in | std::ios::out | std::ios::binary);
-         file.seekg(-5, std::ios::end);
-         char byte = 0;
-         file.read(&byte, 1);
-         byte ^= 0x40;
-         file.seekp(-5, std::ios::end);
-         file.write(&byte, 1);
-       },
-       "checksum"},
+       [&](const std::string& dir) { flip_byte((fs::path(dir) / first_file).string(), 5, 0x40); }, "checksum"},
   };
 
   Trainee live("fsdp", "adamw", 6);
