@@ -269,13 +269,13 @@ torch::Tensor FSDPState::forward_root(const std::function<torch::Tensor()>& forw
   // step), so every unit gathers afresh.
   for (auto& unit : units_) {
     unit->reshard(free_after_backward());
-    unit->set_state(TrainingState::Idle);
+    unit->reset_to_idle();
   }
   inflight_gathers_ = 0;
   in_root_forward_ = true;
   this_forward_.clear();
   Unit& root = *units_[0];
-  root.set_state(TrainingState::Forward);
+  root.begin_forward();
   if (root.start_unshard()) ++inflight_gathers_;
   if (options_.forward_prefetch && !forward_order_.empty()) prefetch(forward_order_.front());
   consume(root, inflight_gathers_);
@@ -305,7 +305,7 @@ torch::Tensor FSDPState::forward_root(const std::function<torch::Tensor()>& forw
   }
   const auto output_dtype = options_.mixed_precision.output_dtype;
   if (output.is_floating_point() && output.scalar_type() != output_dtype) output = output.to(output_dtype);
-  root.set_state(TrainingState::ForwardDone);
+  root.end_forward();
   eager_reductions_ = true;
   if (sync_ && comm_->size() > 1 && output.requires_grad()) {
     auto order = agree_on_reduction_order(*comm_, units_, this_forward_, output);
@@ -332,7 +332,7 @@ torch::Tensor FSDPState::forward_unit(Unit& unit, const std::function<torch::Ten
   const trace::Span span("unit_forward", trace::category::compute,
                          {{"unit", unit.index()}, {"name", unit.trace_name()}});
   memory::set_phase("forward of FSDP unit " + unit.display_name());
-  unit.set_state(TrainingState::Forward);
+  unit.begin_forward();
   this_forward_.push_back(&unit);
   if (unit.start_unshard()) ++inflight_gathers_;
   if (options_.forward_prefetch) prefetch(neighbour_in_order(unit, +1));
@@ -341,7 +341,7 @@ torch::Tensor FSDPState::forward_unit(Unit& unit, const std::function<torch::Ten
   const auto unit_input = to_compute_dtype(input);
   const bool checkpoint = options_.activation_checkpointing && torch::GradMode::is_enabled();
   auto output = checkpoint ? checkpointed_forward(forward, unit_input) : forward(unit_input);
-  unit.set_state(TrainingState::ForwardDone);
+  unit.end_forward();
   hook_outputs(unit, output);
   if (reshard_after_forward(unit)) unit.reshard(/*free_full=*/true);
   trace::sample_memory();
@@ -372,7 +372,7 @@ void FSDPState::pre_backward(Unit& unit) {
   if (unit.start_unshard()) ++inflight_gathers_;
   if (options_.backward_prefetch == BackwardPrefetch::Pre) prefetch(neighbour_in_order(unit, -1));
   consume(unit, inflight_gathers_);
-  unit.set_state(TrainingState::PreBackward);
+  unit.begin_backward();
 }
 
 void FSDPState::on_gradient_ready(Unit& unit, size_t parameter) {
@@ -383,7 +383,7 @@ void FSDPState::on_gradient_ready(Unit& unit, size_t parameter) {
   if (reduce_now) bound_inflight_reductions();
   unit.reduce_gradients(reduce_now);
   if (reduce_now) reduce_order_.push_back(&unit);
-  unit.set_state(TrainingState::PostBackward);
+  unit.end_backward();
   unit.reshard(free_after_backward());
   if (options_.backward_prefetch == BackwardPrefetch::Post) prefetch(neighbour_in_order(unit, -1));
   end_backward_span(unit);
@@ -416,7 +416,7 @@ void FSDPState::finalize_backward() {
       self->reductions_waited_ = 0;
       self->inflight_gathers_ = 0;
       self->eager_reductions_ = true;
-      for (auto& unit : self->units_) unit->set_state(TrainingState::Idle);
+      for (auto& unit : self->units_) unit->reset_to_idle();
     }
   } reset{this};
 

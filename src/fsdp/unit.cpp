@@ -36,6 +36,19 @@ Unit::Unit(std::string name, const torch::nn::Module* module, std::vector<std::s
   for (const auto& entry : flat_.entries()) expected_gradients_ += entry.param.requires_grad() ? 1 : 0;
 }
 
+void Unit::transition(TrainingState from, TrainingState to) {
+  if (state_ != from) {
+    throw std::logic_error("FSDP: unit " + display_name() + " cannot go from state '" + to_string(state_) +
+                           "' to '" + to_string(to) + "' (only from '" + to_string(from) + "')");
+  }
+  state_ = to;
+}
+
+void Unit::begin_forward() { transition(TrainingState::Idle, TrainingState::Forward); }
+void Unit::end_forward() { transition(TrainingState::Forward, TrainingState::ForwardDone); }
+void Unit::begin_backward() { transition(TrainingState::ForwardDone, TrainingState::PreBackward); }
+void Unit::end_backward() { transition(TrainingState::PreBackward, TrainingState::PostBackward); }
+
 bool Unit::start_unshard() {
   if (gather_work_ || flat_.using_full_views()) return false;
   if (flat_.full_is_shard()) return false;

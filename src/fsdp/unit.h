@@ -62,7 +62,19 @@ class Unit {
   FlatParameter& flat() { return flat_; }
   const FlatParameter& flat() const { return flat_; }
   TrainingState state() const { return state_; }
-  void set_state(TrainingState state) { state_ = state; }
+
+  // The state changes a step makes, named, each checked against the state
+  // it leaves (std::logic_error naming the unit and both states): the rules
+  // live with the state, so FSDPState cannot set an arbitrary one. FSDPState
+  // still checks first the misuses a user can cause (a unit called twice,
+  // a second backward), with messages that say what to change.
+  void begin_forward();   // idle -> forward (forward_root, forward_unit)
+  void end_forward();     // forward -> after forward (its output is hooked next)
+  void begin_backward();  // after forward -> backward (pre_backward, parameters gathered)
+  void end_backward();    // backward -> after its backward (its last gradient arrived)
+  // Back to idle from any state: at the start of each root forward and when
+  // backward ends (also after an exception), whatever a unit reached.
+  void reset_to_idle() { state_ = TrainingState::Idle; }
 
   // Issues the all-gather if the full parameters are not gathered or on the
   // way. Returns whether it issued one.
@@ -111,6 +123,7 @@ class Unit {
   UnitGroups groups_;
   FSDPOptions options_;
   TrainingState state_ = TrainingState::Idle;
+  void transition(TrainingState from, TrainingState to);
 
   WorkPtr gather_work_;
   torch::Tensor gather_source_;  // the shard in compute dtype, alive while gathering
