@@ -1,5 +1,7 @@
 #include "launch.h"
 
+#include <CLI/CLI.hpp>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -301,6 +303,44 @@ int launch(const LaunchOptions& options) {
   tell_ranks_whether_stdout_is_a_terminal();
   install_forwarding_handlers();
   return options.backend == "mpi" ? launch_mpi(options, threads) : launch_c10d_local(options, threads);
+}
+
+CLI::App* add_launch_subcommand(CLI::App& app, LaunchFlags& flags) {
+  auto& launch = flags.options;
+  auto* cmd = app.add_subcommand("launch", "Start N ranks of a program (locally, or across hosts via mpirun)");
+  cmd->add_option("-n,--nproc", launch.nproc, "Number of ranks (required)")->check(CLI::PositiveNumber);
+  cmd->add_option("--backend", launch.backend, "How ranks find each other: mpi (mpirun) or c10d (torchrun-style)")
+      ->check(CLI::IsMember({"mpi", "c10d"}));
+  cmd->add_option("--hosts", launch.hosts, "HOST:SLOTS,... for a multi-host mpi job");
+  cmd->add_option("--threads-per-rank", launch.threads_per_rank, "Intra-op threads per rank (default: cores / local ranks)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--supervise-rank", flags.supervise_rank, "(internal) run one rank of an mpirun job")->group("");
+  // Everything after "--" belongs to the program (split off before parsing,
+  // so its flags never reach CLI11); without "--", plain words are accepted.
+  cmd->add_option("command", launch.command, "PROGRAM [ARGS...] (put -- before it if ARGS have flags)");
+  cmd->footer("Usage: dtrain launch -n N [options] -- PROGRAM [ARGS...]");
+  return cmd;
+}
+
+void split_off_launch_program(int& argc, char** argv, LaunchFlags& flags) {
+  if (argc < 2 || std::string(argv[1]) != "launch") return;
+  for (int i = 2; i < argc; ++i) {
+    if (std::string(argv[i]) != "--") continue;
+    flags.program_after_dashes.assign(argv + i + 1, argv + argc);
+    argc = i;
+    return;
+  }
+}
+
+int launch_main(LaunchFlags& flags) {
+  auto& launch_options = flags.options;
+  if (!flags.program_after_dashes.empty()) {
+    if (!launch_options.command.empty())
+      throw std::invalid_argument("unexpected '" + launch_options.command.front() + "' before --");
+    launch_options.command = flags.program_after_dashes;
+  }
+  if (flags.supervise_rank) return supervise_rank(launch_options.command);
+  return launch(launch_options);
 }
 
 }  // namespace dtrain::cli

@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;
+}
+
 namespace dtrain::cli {
 
 struct LaunchOptions {
@@ -35,5 +39,25 @@ int supervise_rank(const std::vector<std::string>& command);
 
 // The path of the running dtrain binary.
 std::string self_executable();
+
+// What `dtrain launch` parses: the job, and the internal --supervise-rank.
+struct LaunchFlags {
+  LaunchOptions options;
+  bool supervise_rank = false;
+  std::vector<std::string> program_after_dashes;  // split_off_launch_program
+};
+
+// Declares `dtrain launch` and its flags.
+CLI::App* add_launch_subcommand(CLI::App& app, LaunchFlags& flags);
+
+// Before parsing: for `dtrain launch ... -- PROGRAM [ARGS...]`, moves PROGRAM
+// ARGS into flags.program_after_dashes and shortens argc to end before "--",
+// so the program's flags never reach CLI11. Does nothing for other commands.
+void split_off_launch_program(int& argc, char** argv, LaunchFlags& flags);
+
+// After parsing: launches the job (or, with --supervise-rank, runs one rank
+// of an mpirun job). Throws std::invalid_argument for a program given both
+// before and after "--" (main turns it into exit code 2).
+int launch_main(LaunchFlags& flags);
 
 }  // namespace dtrain::cli

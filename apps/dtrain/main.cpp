@@ -30,21 +30,8 @@ int main(int argc, char** argv) {
   CLI::App app{"dtrain: distributed data-parallel training for LibTorch"};
   app.require_subcommand(1);
 
-  dtrain::cli::LaunchOptions launch;
-  auto* launch_cmd = app.add_subcommand("launch", "Start N ranks of a program (locally, or across hosts via mpirun)");
-  launch_cmd->add_option("-n,--nproc", launch.nproc, "Number of ranks (required)")->check(CLI::PositiveNumber);
-  launch_cmd->add_option("--backend", launch.backend, "How ranks find each other: mpi (mpirun) or c10d (torchrun-style)")
-      ->check(CLI::IsMember({"mpi", "c10d"}));
-  launch_cmd->add_option("--hosts", launch.hosts, "HOST:SLOTS,... for a multi-host mpi job");
-  launch_cmd->add_option("--threads-per-rank", launch.threads_per_rank,
-                         "Intra-op threads per rank (default: cores / local ranks)")
-      ->check(CLI::NonNegativeNumber);
-  bool supervise_rank = false;
-  launch_cmd->add_flag("--supervise-rank", supervise_rank, "(internal) run one rank of an mpirun job")->group("");
-  // Everything after "--" belongs to the program (split off before parsing,
-  // so its flags never reach CLI11); without "--", plain words are accepted.
-  launch_cmd->add_option("command", launch.command, "PROGRAM [ARGS...] (put -- before it if ARGS have flags)");
-  launch_cmd->footer("Usage: dtrain launch -n N [options] -- PROGRAM [ARGS...]");
+  dtrain::cli::LaunchFlags launch_flags;
+  auto* launch_cmd = dtrain::cli::add_launch_subcommand(app, launch_flags);
 
   auto* bench_cmd = app.add_subcommand("bench", "Benchmarks");
   bench_cmd->require_subcommand(1);
@@ -69,15 +56,7 @@ int main(int argc, char** argv) {
   const auto checkpoint_cmds = dtrain::cli::add_checkpoint_subcommand(app, checkpoint_flags);
 
   const std::vector<std::string> words(argv + 1, argv + argc);  // this command, for relaunch_as_job
-  std::vector<std::string> program_after_dashes;
-  if (argc > 1 && std::string(argv[1]) == "launch") {
-    for (int i = 2; i < argc; ++i) {
-      if (std::string(argv[i]) != "--") continue;
-      program_after_dashes.assign(argv + i + 1, argv + argc);
-      argc = i;
-      break;
-    }
-  }
+  dtrain::cli::split_off_launch_program(argc, argv, launch_flags);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -93,15 +72,7 @@ int main(int argc, char** argv) {
   if (train_cmd->parsed()) return dtrain::cli::train_main(train_cmd->remaining());
 
   try {
-    if (launch_cmd->parsed()) {
-      if (!program_after_dashes.empty()) {
-        if (!launch.command.empty())
-          throw std::invalid_argument("unexpected '" + launch.command.front() + "' before --");
-        launch.command = program_after_dashes;
-      }
-      if (supervise_rank) return dtrain::cli::supervise_rank(launch.command);
-      return dtrain::cli::launch(launch);
-    }
+    if (launch_cmd->parsed()) return dtrain::cli::launch_main(launch_flags);
     // Outside a launched job a benchmark re-runs itself as the ranks of one.
     if (collectives_cmd->parsed()) {
       if (inside_launched_job()) return dtrain::cli::bench_collectives_rank(bench);
