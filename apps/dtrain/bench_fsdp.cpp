@@ -1,6 +1,7 @@
 #include "bench_fsdp.h"
 
 #include "launch.h"
+#include "relaunch.h"
 
 #include "dtrain/comm.h"
 #include "dtrain/ddp.h"
@@ -98,6 +99,31 @@ plan::PlanOptions plan_options(const std::string& strategy, int world, int rank)
   return options;
 }
 
+// Whether the memory job of one strategy at `world` ranks fits the machine:
+// its ranks together are planned to need at most --max-job-gib. The command
+// outside the jobs reports the runs that do not fit as skipped; the memory
+// job's ranks, which get the command's own flags (relaunch_as_job), work out
+// the same list from them, so no strategy list is passed to the job.
+struct JobFit {
+  std::string strategy;
+  double job_gib;
+  bool fits;
+};
+
+std::vector<JobFit> memory_job_fits(const BenchFSDPOptions& options, int world) {
+  const auto spec = plan::describe_gpt(memory_config(), kMemoryBatch, torch::kFloat32);
+  // Building the model holds its full fp32 weights on every rank first.
+  const double construction = 1.1 * static_cast<double>(spec.parameter_count()) * 4;
+  std::vector<JobFit> fits;
+  for (const auto& strategy : options.strategies) {
+    const auto p = plan::make_plan(spec, plan_options(strategy, world, 0));
+    const double job_gib =
+        world * (gib(std::max<double>(static_cast<double>(p.peak.total()), construction)) + kRuntimeAllowanceGiB);
+    fits.push_back({strategy, job_gib, !(job_gib > options.max_job_gib)});
+  }
+  return fits;
+}
+
 // One model wrapped for one strategy, with its optimizer.
 struct Run {
   std::string mode;
@@ -160,7 +186,9 @@ int memory_job(const BenchFSDPOptions& options, const CommPtr& world) {
   const auto config = memory_config();
   const auto spec = plan::describe_gpt(config, kMemoryBatch, torch::kFloat32);
   nlohmann::json rows = nlohmann::json::array();
-  for (const auto& strategy : options.strategies) {
+  for (const auto& fit : memory_job_fits(options, size)) {
+    if (!fit.fits) continue;
+    const std::string& strategy = fit.strategy;
     world->barrier()->wait();
     const int64_t before = memory::live_bytes();
     memory::reset_peak();
@@ -284,20 +312,14 @@ int speed_job(const BenchFSDPOptions& options, const CommPtr& world) {
 
 // ------------------------------------------------------------- outside
 
-int run_job(const BenchFSDPOptions& options, const std::string& job, int nproc, int threads,
-            const std::vector<std::string>& strategies, const std::string& job_json) {
-  LaunchOptions launch_options;
-  launch_options.nproc = nproc;
-  launch_options.backend = options.backend;
-  launch_options.threads_per_rank = threads;
-  launch_options.command = {self_executable(), "bench", "fsdp", "--job", job, "--job-json", job_json,
-                            "--backend", options.backend,
-                            "--memory-steps", std::to_string(options.memory_steps),
-                            "--speed-steps", std::to_string(options.speed_steps),
-                            "--rounds", std::to_string(options.rounds),
-                            "--warmup", std::to_string(options.warmup)};
-  if (!strategies.empty()) launch_options.command.insert(launch_options.command.end(), {"--strategies", join(strategies, ",")});
-  return launch(launch_options);
+// Starts one job: this command as the user gave it (every flag reaches the
+// ranks, as for the other benchmarks), plus the part to run and where to
+// write its results.
+int run_job(const std::vector<std::string>& words, const BenchFSDPOptions& options, const std::string& job, int nproc,
+            int threads, const std::string& job_json) {
+  auto job_words = words;
+  job_words.insert(job_words.end(), {"--job", job, "--job-json", job_json});
+  return relaunch_as_job(job_words, nproc, options.backend, threads);
 }
 
 std::string temp_path(const std::string& name) {
@@ -365,7 +387,10 @@ int bench_fsdp_rank(const BenchFSDPOptions& options) {
   throw std::invalid_argument("bench fsdp: run it without --job (it launches its own jobs)");
 }
 
-int bench_fsdp(const BenchFSDPOptions& options) {
+int bench_fsdp(const BenchFSDPOptions& options, const std::vector<std::string>& words) {
+  // The jobs get the command line plus --job and --job-json (run_job).
+  if (!options.job.empty() || !options.job_json.empty())
+    throw std::invalid_argument("bench fsdp: --job and --job-json are set on the jobs it launches; run it without them");
   for (const auto& s : options.strategies) {
     plan::PlanOptions check;
     plan::set_strategy(check, s);  // names the allowed values
@@ -378,8 +403,6 @@ int bench_fsdp(const BenchFSDPOptions& options) {
   if (memory_part) {
     const auto config = memory_config();
     const auto spec = plan::describe_gpt(config, kMemoryBatch, torch::kFloat32);
-    // Building the model holds its full fp32 weights on every rank first.
-    const double construction = 1.1 * static_cast<double>(spec.parameter_count()) * 4;
     nlohmann::json rows = nlohmann::json::array(), skipped = nlohmann::json::array();
     std::printf("dtrain bench fsdp: memory part, GPT of %.1fM parameters (%zu units), world sizes", spec.parameter_count() / 1e6,
                 spec.units.size());
@@ -387,23 +410,20 @@ int bench_fsdp(const BenchFSDPOptions& options) {
     std::printf(" on %d cores\n", cores);
     std::fflush(stdout);
     for (int n : options.world_sizes) {
-      std::vector<std::string> fitting;
-      for (const auto& strategy : options.strategies) {
-        const auto p = plan::make_plan(spec, plan_options(strategy, n, 0));
-        const double job_gib = n * (gib(std::max<double>(static_cast<double>(p.peak.total()), construction)) +
-                                    kRuntimeAllowanceGiB);
-        if (job_gib > options.max_job_gib) {
+      bool any_fits = false;
+      for (const auto& fit : memory_job_fits(options, n)) {
+        if (!fit.fits) {
           std::printf("  %d ranks, %-6s: skipped, planned %.1f GiB for the job > --max-job-gib %.1f\n", n,
-                      strategy.c_str(), job_gib, options.max_job_gib);
+                      fit.strategy.c_str(), fit.job_gib, options.max_job_gib);
           std::fflush(stdout);
-          skipped.push_back({{"world_size", n}, {"strategy", strategy}, {"planned_job_gib", job_gib}});
+          skipped.push_back({{"world_size", n}, {"strategy", fit.strategy}, {"planned_job_gib", fit.job_gib}});
         } else {
-          fitting.push_back(strategy);
+          any_fits = true;
         }
       }
-      if (fitting.empty()) continue;
+      if (!any_fits) continue;
       const auto path = temp_path("memory-np" + std::to_string(n));
-      const int code = run_job(options, "memory", n, default_threads_per_rank(n), fitting, path);
+      const int code = run_job(words, options, "memory", n, default_threads_per_rank(n), path);
       if (code != 0) return code;
       const auto job = read_json(path);
       for (const auto& row : job["rows"]) rows.push_back(row);
@@ -429,7 +449,7 @@ int bench_fsdp(const BenchFSDPOptions& options) {
     std::printf("\ndtrain bench fsdp: speed part, %d ranks\n", kSpeedWorld);
     std::fflush(stdout);
     const auto path = temp_path("speed");
-    const int code = run_job(options, "speed", kSpeedWorld, default_threads_per_rank(kSpeedWorld), {}, path);
+    const int code = run_job(words, options, "speed", kSpeedWorld, default_threads_per_rank(kSpeedWorld), path);
     if (code != 0) return code;
     document["speed"] = read_json(path);
     std::remove(path.c_str());

@@ -41,8 +41,10 @@ struct BenchFSDPOptions {
   std::string job_json;  // where rank 0 of the job writes its results
 };
 
-// Outside a job: launches the jobs and merges their results.
-int bench_fsdp(const BenchFSDPOptions& options);
+// Outside a job: launches the jobs and merges their results. `words` is the
+// command line after the program name; each job gets it (relaunch_as_job)
+// with --job and --job-json added.
+int bench_fsdp(const BenchFSDPOptions& options, const std::vector<std::string>& words);
 // Inside a launched job: every rank calls it.
 int bench_fsdp_rank(const BenchFSDPOptions& options);
 

@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
     }
     if (fsdp_cmd->parsed()) {
       if (inside_launched_job()) return dtrain::cli::bench_fsdp_rank(bench_fsdp);
-      return dtrain::cli::bench_fsdp(bench_fsdp);
+      return dtrain::cli::bench_fsdp(bench_fsdp, words);
     }
     if (plan_cmd->parsed()) return dtrain::cli::plan_main(plan_flags);
     if (trace_summary_cmd->parsed()) return dtrain::cli::trace_summary_main(trace_flags);

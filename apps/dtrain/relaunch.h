@@ -1,6 +1,7 @@
 // Starting this same dtrain command as the ranks of a local job: what
 // `dtrain train` and `dtrain bench collectives|ddp|checkpoint` do when run
-// outside a launched job. The ranks get every word of the command line as it
+// outside a launched job (`dtrain bench fsdp` too, once per job, adding
+// --job and --job-json). The ranks get every word of the command line as it
 // was given, so a flag added to a subcommand reaches its ranks without being
 // forwarded by hand (and a flag left unset stays unset, defaults included).
 #pragma once
