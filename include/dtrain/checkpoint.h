@@ -78,6 +78,42 @@ std::map<std::string, torch::Tensor> load_full_checkpoint(const std::string& dir
 size_t export_checkpoint_safetensors(const std::string& dir, const std::string& path,
                                      const std::map<std::string, std::string>& metadata = {});
 
+// What one rank holds of a model and its optimizer, as pieces of flattened
+// global tensors: the view sharded save and load work on, whatever the
+// parallelism. The overloads below build it for a module (single process,
+// DDP) and for FSDP; an engine that keeps its parameters its own way (the
+// parameter server's servers: slices of the flat parameter vector) builds
+// one itself.
+struct HeldTensor {
+  std::string name;            // the tensor's global name ("blocks.0.attn.weight")
+  std::vector<int64_t> shape;  // its global shape
+  int64_t begin = 0, end = 0;  // the elements [begin, end) of the flattened tensor this rank holds
+  torch::Tensor flat;          // those elements, 1-D; a view (a load writes the model through it)
+  int replicas = 1, replica = 0;  // `replicas` ranks hold the same elements; this one is copy `replica`
+  torch::Tensor parameter;     // for parameters: the tensor the optimizer keys its state by (its numel = end - begin)
+};
+struct HeldModel {
+  std::string strategy;  // the manifest's strategy (a --strategy name)
+  int rank = 0, world_size = 1;
+  std::vector<HeldTensor> tensors;  // what this rank writes, or reads
+  // The optimizer the manifest names when this rank has none of its own
+  // (a parameter-server worker: the servers hold the optimizer); empty: the
+  // kind of the optimizer passed.
+  std::string optimizer_kind;
+};
+
+// Collective over `comm`: each rank writes the pieces `held` lists (a
+// 1/replicas share of replicated ones) and their optimizer state. A rank may
+// hold nothing.
+void save_checkpoint(const std::string& dir, const HeldModel& held, torch::optim::Optimizer* optimizer, int64_t step,
+                     const CommPtr& comm, const std::map<std::string, std::string>& extra = {});
+// Collective over `comm`: each rank reads the pieces `held` lists. A rank
+// that holds only part of the model lists the others as empty pieces
+// (begin == end), so that the model's names are checked against the
+// checkpoint's.
+CheckpointManifest load_checkpoint(const std::string& dir, const HeldModel& held, torch::optim::Optimizer* optimizer,
+                                   const CommPtr& comm);
+
 // Collective over `comm` (null: single process). `model` is the plain module
 // (single process) or the module a DDP replica wraps (every rank equal).
 // `optimizer` may be null (no optimizer state saved / loaded).

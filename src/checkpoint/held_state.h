@@ -1,6 +1,8 @@
 // What one rank holds of a model and its optimizer, as pieces of flattened
 // global tensors: the common view that sharded save and load work on,
-// whatever the parallelism (single process, DDP, FSDP/ZeRO).
+// whatever the parallelism (single process, DDP, FSDP/ZeRO, the parameter
+// server). The view itself (HeldModel, HeldTensor) is public, in
+// dtrain/checkpoint.h, so that other engines can build theirs.
 #pragma once
 
 #include "checkpoint/optimizer_state_names.h"
@@ -22,23 +24,8 @@ class FullyShardedBase;
 
 namespace dtrain::detail {
 
-// Elements [begin, end) of the flattened global tensor `name`, held by this
-// rank as the 1-D tensor `flat` (a view: writing it changes the model).
-// `replicas` ranks hold the same elements; this rank is copy `replica`.
-struct HeldTensor {
-  std::string name;
-  std::vector<int64_t> shape;  // global
-  int64_t begin = 0, end = 0;
-  torch::Tensor flat;
-  int replicas = 1, replica = 0;
-  torch::Tensor parameter;  // for parameters: the tensor optimizers key their state by
-};
-
-struct HeldModel {
-  std::string strategy;
-  int rank = 0, world_size = 1;
-  std::vector<HeldTensor> tensors;  // parameters, then buffers
-};
+using dtrain::HeldModel;
+using dtrain::HeldTensor;
 
 HeldModel held_by_module(torch::nn::Module& module, const CommPtr& comm);
 HeldModel held_by_fsdp(FullyShardedBase& fsdp);

@@ -213,6 +213,11 @@ CheckpointManifest load_checkpoint(const std::string& dir, torch::nn::Module& mo
   return load_held(dir, detail::held_by_module(model, comm), optimizer, comm);
 }
 
+CheckpointManifest load_checkpoint(const std::string& dir, const HeldModel& held, torch::optim::Optimizer* optimizer,
+                                   const CommPtr& comm) {
+  return load_held(dir, held, optimizer, comm);
+}
+
 CheckpointManifest load_checkpoint(const std::string& dir, FullyShardedBase& fsdp, torch::optim::Optimizer* optimizer) {
   return load_held(dir, detail::held_by_fsdp(fsdp), optimizer, fsdp.comm());
 }

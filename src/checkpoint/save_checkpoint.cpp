@@ -142,7 +142,7 @@ void save_held(const std::string& dir, const detail::HeldModel& held, torch::opt
     throw std::invalid_argument("save_checkpoint: '" + dir + "' names no directory");
   }
   const fs::path temporary = target.string() + ".tmp-" + std::to_string(step);
-  const std::string kind = detail::optimizer_kind(optimizer);
+  const std::string kind = held.optimizer_kind.empty() ? detail::optimizer_kind(optimizer) : held.optimizer_kind;
 
   std::string error;
   if (held.rank == 0) {
@@ -231,6 +231,11 @@ void save_held(const std::string& dir, const detail::HeldModel& held, torch::opt
 void save_checkpoint(const std::string& dir, torch::nn::Module& model, torch::optim::Optimizer* optimizer, int64_t step,
                      const CommPtr& comm, const std::map<std::string, std::string>& extra) {
   save_held(dir, detail::held_by_module(model, comm), optimizer, step, comm, extra);
+}
+
+void save_checkpoint(const std::string& dir, const HeldModel& held, torch::optim::Optimizer* optimizer, int64_t step,
+                     const CommPtr& comm, const std::map<std::string, std::string>& extra) {
+  save_held(dir, held, optimizer, step, comm, extra);
 }
 
 void save_checkpoint(const std::string& dir, FullyShardedBase& fsdp, torch::optim::Optimizer* optimizer, int64_t step,
