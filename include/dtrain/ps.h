@@ -56,6 +56,16 @@ struct Options {
   int servers = 1;         // S: the last S ranks of the world; 1 <= S < world size
   int staleness = 0;       // SSP only: the bound s >= 0
   int backup_workers = 0;  // Sync only: k, 0 <= k < W; step t uses the first W - k pushes
+  // > 0: clip each update's gradient to this global L2 norm. Sync: the
+  // averaged step (the servers agree on its norm over the servers'
+  // communicator), as DDP clips the global batch's gradient; Async/SSP: each
+  // push (its worker clips it: a push is a whole update).
+  double max_grad_norm = 0;
+  // Leave out an update whose loss or gradient norm is not finite instead of
+  // applying it. Sync: the whole step is skipped when any contributor's loss
+  // or the averaged gradient's norm is not finite (the version still
+  // advances, as a skipped DDP step still counts); Async/SSP: that push.
+  bool skip_nonfinite = false;
 };
 
 // Throws std::invalid_argument when `options` cannot run on `world_size` ranks.
@@ -76,10 +86,10 @@ void check_options(const Options& options, int world_size);
 // server queues a reply before it posts that worker's next recv and never
 // the other way round. Threads: each communicator has a communication thread
 // and a watchdog thread, so a server holds W pair communicators (2W threads)
-// and a worker S of them (2S threads) besides the world and, on workers, the
-// workers-only communicator: at W=3,S=1 the server has 8 and each worker 6;
-// at W=2,S=2 every rank has 6 (servers) or 8 (workers). Building the pairs
-// takes W*S splits of the world, once.
+// and a worker S of them (2S threads) besides the world and the workers-only
+// (on workers) or servers-only (on servers) communicator: at W=3,S=1 the
+// server has 10 and each worker 6; at W=2,S=2 every rank has 8. Building the
+// pairs takes W*S splits of the world, once.
 class Group {
  public:
   Group(CommPtr world, const Options& options);
@@ -97,6 +107,9 @@ class Group {
   // The workers only (nullptr on servers): for the loss all-reduce and
   // evaluation, which servers take no part in.
   const CommPtr& workers_comm() const { return workers_comm_; }
+  // The servers only (nullptr on workers): for agreeing on a sync step's
+  // gradient norm (Options::max_grad_norm, skip_nonfinite).
+  const CommPtr& servers_comm() const { return servers_comm_; }
   // Worker: the pair with server j. Server: the pair with worker w. In both
   // the worker is rank 0 and the server rank 1.
   const CommPtr& pair(int peer_index) const;
@@ -108,6 +121,7 @@ class Group {
   int worker_index_ = -1;
   int server_index_ = -1;
   CommPtr workers_comm_;
+  CommPtr servers_comm_;
   std::vector<CommPtr> pairs_;  // by server index (worker) or worker index (server)
 };
 
@@ -135,6 +149,7 @@ struct ServerReport {
   int64_t version = 0;   // updates applied
   int64_t pushes = 0;    // pushes received
   int64_t dropped = 0;   // Sync with backup workers: late pushes discarded
+  int64_t skipped = 0;   // Options::skip_nonfinite: steps (Sync) or pushes (Async/SSP) left out
   std::vector<StalenessRecord> records;  // one per applied push, in order
   std::vector<AppliedStep> steps;        // Sync only
   int64_t max_staleness() const;
@@ -145,11 +160,51 @@ struct ServerReport {
 //   [&](std::vector<torch::Tensor> p) { return train::make_optimizer(p, cfg); }
 using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
 
-// Runs server `group.server_index()` until every worker has called finish().
-// Collective with the workers' Worker constructor: `parameters` (a model of
-// the same architecture; float32) fix the layout, and every server starts
-// from world rank 0's values. The learning rate of each update is the one the
-// pushing worker passed to push_and_pull.
+// One parameter's part of a server's piece: elements [begin, end) of the
+// flattened parameter number `index` (in the order the parameters were
+// given), as the 1-D tensor the server's optimizer updates (a view of the
+// server's piece: checkpoints save and load through it).
+struct ServerSlice {
+  size_t index = 0;
+  int64_t begin = 0, end = 0;
+  torch::Tensor values;
+};
+
+// Server `group.server_index()`. Constructing it is collective with the
+// workers' Worker constructor: `parameters` (a model of the same
+// architecture; float32) fix the layout, and every server starts from world
+// rank 0's values. The learning rate of each update is the one the pushing
+// worker passed to push_and_pull.
+class Server {
+ public:
+  Server(const Group& group, const std::vector<torch::Tensor>& parameters, const OptimizerFactory& make_optimizer);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // This server's piece, one slice per parameter it overlaps, and the
+  // optimizer over those slices: what a checkpoint saves and a resume loads
+  // (between construction and run()).
+  const std::vector<ServerSlice>& slices() const;
+  torch::optim::Optimizer& optimizer();
+  // Resuming from a checkpoint of step `step` (after loading the slices and
+  // the optimizer, before run()): the server's version and every worker's
+  // push count start there. Every worker calls Worker::resume_at(step).
+  void resume_at(int64_t step);
+
+  // Serves until every worker has called finish(). Whenever every running
+  // worker has called Worker::announce_checkpoint(step), at_checkpoint(step)
+  // runs (collective with those workers, e.g. a save over the world), and
+  // then serving goes on.
+  ServerReport run(const std::function<void(int64_t step)>& at_checkpoint = {});
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Server(group, parameters, make_optimizer).run(): a server without
+// checkpoints.
 ServerReport serve(const Group& group, const std::vector<torch::Tensor>& parameters,
                    const OptimizerFactory& make_optimizer);
 
@@ -163,16 +218,35 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
+  // What became of a push: the gradient norm before clipping (0 unless
+  // Options::max_grad_norm or skip_nonfinite asked for it; sync: the
+  // averaged step's, async/ssp: this push's) and whether the update was left
+  // out (Options::skip_nonfinite).
+  struct PushResult {
+    double grad_norm = 0;
+    bool skipped = false;
+  };
+
   // After backward: pushes this worker's gradients (a missing .grad() counts
   // as zeros), waits for the servers' replies and copies the parameters they
-  // hold into the module. `lr` is the learning rate the servers use for it.
-  void push_and_pull(double lr);
+  // hold into the module. `lr` is the learning rate the servers use for it;
+  // `loss_finite` says whether this worker's loss was finite (for
+  // Options::skip_nonfinite).
+  PushResult push_and_pull(double lr, bool loss_finite = true);
+
+  // Between pushes: tells every server this worker has reached `step` and
+  // will now take part in a checkpoint (collective with the servers'
+  // at_checkpoint; see Server::run). Every worker announces the same steps.
+  void announce_checkpoint(int64_t step);
 
   // The step to compute next: the version of the parameters it holds (the
   // lowest over servers). Sync: the global step, which jumps ahead for a
   // worker whose push came too late (backup workers); Async/SSP: this worker's
   // own push count. Loop `while (worker.next_step() < total)`.
   int64_t next_step() const;
+  // Resuming from a checkpoint of step `step`, before the first push (see
+  // Server::resume_at).
+  void resume_at(int64_t step);
   int64_t pushes() const { return pushes_; }
 
   // Tells every server this worker is done and waits (bounded) until all
@@ -181,7 +255,7 @@ class Worker {
   void finish();
 
  private:
-  void exchange(int kind, double lr);
+  PushResult exchange(int kind, double lr, int32_t flags);
 
   const Group& group_;
   std::vector<torch::Tensor> parameters_;

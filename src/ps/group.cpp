@@ -25,6 +25,8 @@ void check_options(const Options& options, int world_size) {
   if (options.backup_workers < 0 || options.backup_workers >= workers)
     fail(std::to_string(options.backup_workers) + " backup workers out of " + std::to_string(workers) +
          " workers: use 0 to " + std::to_string(workers - 1));
+  if (options.max_grad_norm < 0)
+    fail("the gradient norm bound must be >= 0 (0: no clipping), got " + std::to_string(options.max_grad_norm));
   if (options.backup_workers > 0 && options.mode != Mode::Sync)
     fail("backup workers only apply to synchronous training (mode sync), not " + std::string(to_string(options.mode)));
 }
@@ -38,6 +40,7 @@ Group::Group(CommPtr world, const Options& options) : world_(std::move(world)), 
   else server_index_ = rank - workers_;
 
   workers_comm_ = world_->split(is_worker() ? 0 : -1, rank);
+  servers_comm_ = world_->split(is_server() ? 0 : -1, rank);
   // See Note [one communicator per worker-server pair]. Every rank takes
   // part in every split, in the same order; only the pair's two ranks get a
   // communicator back.

@@ -4,16 +4,17 @@
 #include "dtrain/ps.h"
 #include "ps/flat_parameters.h"
 #include "ps/wire.h"
+#include "dtrain/grad_norm.h"
 #include "dtrain/trace.h"
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <string>
 
 namespace dtrain::ps {
-namespace {
 
 // Note [backup workers]
 // In all-reduce DDP every rank must enter each collective, so a step cannot
@@ -26,22 +27,48 @@ namespace {
 // falling further behind. The average is over the W - k pushes actually used,
 // so the update has the scale of a full step. With S > 1 servers each server
 // takes its own first W - k, which may be different workers.
+//
+// Note [parameter-server checkpoints]
+// A checkpoint must catch the servers between updates that every worker
+// agrees on. Each worker, after the reply to its last push of step t,
+// announces the checkpoint (a Checkpoint message, no reply) and enters the
+// save; a server keeps serving the others until every running worker has
+// announced it, then saves with them. Sync: workers announce at the version
+// they hold, and a late worker (backup workers) is answered with the version
+// the others wait at, so all announce the same step and nothing is half
+// gathered. Async/SSP: each worker announces after its t-th push; the
+// snapshot holds exactly t pushes of every worker. A server's piece is saved
+// as one slice per parameter it overlaps (ServerSlice), so the checkpoint is
+// the ordinary sharded one and loads into any strategy at any world size.
 
-class Server {
+class Server::Impl {
  public:
-  Server(const Group& group, const std::vector<torch::Tensor>& parameters, const OptimizerFactory& make_optimizer)
+  Impl(const Group& group, const std::vector<torch::Tensor>& parameters, const OptimizerFactory& make_optimizer)
       : group_(group), options_(group.options()), workers_(group.workers()),
         clocks_(static_cast<size_t>(workers_), 0), done_(static_cast<size_t>(workers_), false),
-        held_(static_cast<size_t>(workers_), false), inbox_(static_cast<size_t>(workers_)),
-        receives_(static_cast<size_t>(workers_)), step_gradients_(static_cast<size_t>(workers_)) {
+        held_(static_cast<size_t>(workers_), false), paused_(static_cast<size_t>(workers_), false),
+        inbox_(static_cast<size_t>(workers_)), receives_(static_cast<size_t>(workers_)),
+        step_gradients_(static_cast<size_t>(workers_)), step_flags_(static_cast<size_t>(workers_), 0) {
     const torch::Tensor initial = agree_on_initial_parameters(group_, parameters);
     piece_ = shard_range(initial.numel(), group_.servers(), group_.server_index());
-    piece_tensor_ = initial.narrow(0, piece_.offset, piece_.count).clone().set_requires_grad(true);
-    optimizer_ = make_optimizer({piece_tensor_});
+    piece_tensor_ = initial.narrow(0, piece_.offset, piece_.count).clone();
+    make_slices(parameters);
+    std::vector<torch::Tensor> values;
+    for (const auto& slice : slices_) values.push_back(slice.values);
+    optimizer_ = make_optimizer(values);
     if (!optimizer_) throw std::invalid_argument("parameter server: the optimizer factory returned null");
   }
 
-  ServerReport run() {
+  const std::vector<ServerSlice>& slices() const { return slices_; }
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  void resume_at(int64_t step) {
+    if (version_ != 0 || report_.pushes != 0)
+      throw std::logic_error(describe_server() + ": resume_at after serving began");
+    version_ = step;
+    std::fill(clocks_.begin(), clocks_.end(), step);
+  }
+
+  ServerReport run(const std::function<void(int64_t)>& at_checkpoint) {
     for (int worker = 0; worker < workers_; ++worker) {
       inbox_[static_cast<size_t>(worker)] = make_message(piece_.count);
       post_receive(worker);
@@ -69,6 +96,10 @@ class Server {
       work->wait();  // rethrows a failed receive
       handle(arrived);
       collect_finished_sends();
+      if (all_running_paused()) {
+        checkpoint(at_checkpoint);
+        last_message = std::chrono::steady_clock::now();  // the save's time is no silence
+      }
     }
     for (int worker = 0; worker < workers_; ++worker) reply(worker, MessageKind::Final);
     for (auto& [worker, work] : sends_) {
@@ -86,6 +117,16 @@ class Server {
     if (header.worker != worker)
       throw CommError(describe_server() + ": a message on worker " + std::to_string(worker) +
                       "'s pair says it comes from worker " + std::to_string(header.worker));
+    if (header.kind == MessageKind::Checkpoint) {
+      if (std::count(paused_.begin(), paused_.end(), true) > 0 && header.version != pause_step_)
+        throw CommError(describe_server() + ": worker " + peer(worker) + " announced a checkpoint at step " +
+                        std::to_string(header.version) + " but another worker at step " + std::to_string(pause_step_) +
+                        "; every worker must checkpoint at the same steps");
+      pause_step_ = header.version;
+      paused_[static_cast<size_t>(worker)] = true;
+      post_receive(worker);  // its next push, after the checkpoint
+      return;
+    }
     if (header.kind == MessageKind::Done) {
       done_[static_cast<size_t>(worker)] = true;
       if (options_.mode == Mode::Sync) apply_step_if_complete();
@@ -106,13 +147,11 @@ class Server {
                                  .clock_lead = lead};
     switch (options_.mode) {
       case Mode::Async:
-        apply(payload(message), header.lr);
-        report_.records.push_back(record);
+        apply_push(payload(message), header, record);
         reply_and_listen(worker);
         break;
       case Mode::SSP:
-        apply(payload(message), header.lr);
-        report_.records.push_back(record);
+        apply_push(payload(message), header, record);
         held_[static_cast<size_t>(worker)] = true;
         release_held_replies();
         break;
@@ -126,6 +165,7 @@ class Server {
           break;
         }
         step_gradients_[static_cast<size_t>(worker)] = payload(message).clone();
+        step_flags_[static_cast<size_t>(worker)] = header.flags;
         step_records_.push_back(record);
         step_contributors_.push_back(worker);
         step_lr_ = header.lr;
@@ -142,25 +182,111 @@ class Server {
     if (step_contributors_.empty() || step_contributors_.size() < needed) return;
     // Summed in worker order, so the result does not depend on arrival order.
     torch::Tensor sum = torch::zeros({piece_.count}, torch::kFloat);
-    for (auto& gradient : step_gradients_) {
-      if (gradient.defined()) sum += gradient;
-      gradient = torch::Tensor();
+    int32_t flags = 0;
+    for (size_t w = 0; w < step_gradients_.size(); ++w) {
+      if (step_gradients_[w].defined()) {
+        sum += step_gradients_[w];
+        flags |= step_flags_[w];
+      }
+      step_gradients_[w] = torch::Tensor();
     }
     sum /= static_cast<double>(step_contributors_.size());
     report_.steps.push_back({.version = version_, .contributors = step_contributors_});
     for (const auto& record : step_records_) report_.records.push_back(record);
-    apply(sum, step_lr_);
+    set_gradients(sum);
+    step_grad_norm_ = 0;
+    step_skipped_ = false;
+    if (options_.max_grad_norm > 0 || options_.skip_nonfinite) agree_on_step(flags);
+    if (step_skipped_) {
+      ++report_.skipped;
+      ++version_;  // a skipped step still counts, as in DDP
+    } else {
+      apply(step_lr_);
+    }
     for (int worker : step_contributors_) reply_and_listen(worker);
     step_contributors_.clear();
     step_records_.clear();
   }
 
-  void apply(const torch::Tensor& gradient, double lr) {
+  // Sync: the averaged step's global norm (every server holds a piece of
+  // it: one all-reduce over the servers), clipped to max_grad_norm, and
+  // whether to skip it. Every server applies the same versions in order, so
+  // these all-reduces pair up.
+  void agree_on_step(int32_t flags) {
+    const double bound = options_.max_grad_norm > 0 ? options_.max_grad_norm : INFINITY;
+    std::vector<torch::Tensor> values;
+    for (const auto& slice : slices_) values.push_back(slice.values);
+    step_grad_norm_ = clip_grad_norm(values, bound, 2.0, group_.servers_comm().get());
+    if (!options_.skip_nonfinite) return;
+    // A contributor's loss was not finite on some server's list: all skip.
+    auto any = torch::tensor({(flags & kNonfiniteLoss) ? 1.0 : 0.0}, torch::kFloat64);
+    group_.servers_comm()->all_reduce(any, ReduceOp::Max)->wait();
+    step_skipped_ = any.item<double>() != 0 || !std::isfinite(step_grad_norm_);
+  }
+
+  // Async/SSP: one push, applied at once unless its worker skipped it.
+  void apply_push(const torch::Tensor& gradient, const MessageHeader& header, const StalenessRecord& record) {
+    if (header.flags & kSkipped) {
+      ++report_.skipped;
+      return;
+    }
+    set_gradients(gradient.clone());  // the inbox is reused for the worker's next message
+    apply(header.lr);
+    report_.records.push_back(record);
+  }
+
+  // The slices' gradients: views of `gradient` (this server's piece).
+  void set_gradients(const torch::Tensor& gradient) {
+    for (auto& slice : slices_)
+      slice.values.mutable_grad() = gradient.narrow(0, slice_offset(slice), slice.end - slice.begin);
+  }
+
+  void apply(double lr) {
     trace::Span span("optimizer_step", trace::category::compute, {{"version", version_}});
-    piece_tensor_.mutable_grad() = gradient.clone();
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
     optimizer_->step();
     ++version_;
+  }
+
+  // The slices of the parameters this server's piece overlaps: views of the
+  // piece, so replies send the piece as one tensor.
+  void make_slices(const std::vector<torch::Tensor>& parameters) {
+    int64_t offset = 0;  // of parameter i in the flat vector
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      const int64_t numel = parameters[i].numel();
+      const int64_t lo = std::max(offset, piece_.offset), hi = std::min(offset + numel, piece_.offset + piece_.count);
+      if (lo < hi) {
+        torch::Tensor values = piece_tensor_.narrow(0, lo - piece_.offset, hi - lo);
+        values.set_requires_grad(true);
+        slices_.push_back({.index = i, .begin = lo - offset, .end = hi - offset, .values = values});
+        slice_offsets_.push_back(lo - piece_.offset);
+      }
+      offset += numel;
+    }
+  }
+  int64_t slice_offset(const ServerSlice& slice) const {
+    return slice_offsets_[static_cast<size_t>(&slice - slices_.data())];
+  }
+
+  bool all_running_paused() const {
+    bool any = false;
+    for (int worker = 0; worker < workers_; ++worker) {
+      const auto w = static_cast<size_t>(worker);
+      if (done_[w]) continue;
+      if (!paused_[w]) return false;
+      any = true;
+    }
+    return any;
+  }
+
+  // Every running worker waits at the same step (each announced it after
+  // its reply): nothing is in flight, so the servers' state is that step's.
+  void checkpoint(const std::function<void(int64_t)>& at_checkpoint) {
+    if (!step_contributors_.empty())
+      throw std::logic_error(describe_server() + ": a checkpoint while step " + std::to_string(version_) +
+                             " is half gathered");
+    if (at_checkpoint) at_checkpoint(pause_step_);
+    std::fill(paused_.begin(), paused_.end(), false);
   }
 
   // SSP: a worker with c pushes gets its reply once c - (fewest pushes of a
@@ -194,7 +320,13 @@ class Server {
   void reply(int worker, MessageKind kind) {
     // A fresh buffer per reply: the send reads it later, on the pair's thread.
     torch::Tensor message = make_message(piece_.count);
-    write_header(message, {.kind = kind, .worker = worker, .clock = clocks_[static_cast<size_t>(worker)], .version = version_});
+    const bool contributed = std::find(step_contributors_.begin(), step_contributors_.end(), worker) != step_contributors_.end();
+    write_header(message, {.kind = kind,
+                           .worker = worker,
+                           .clock = clocks_[static_cast<size_t>(worker)],
+                           .version = version_,
+                           .flags = contributed && step_skipped_ ? kSkipped : 0,
+                           .grad_norm = contributed ? step_grad_norm_ : 0});
     payload(message).copy_(piece_tensor_.detach());
     sends_.emplace_back(worker, group_.pair(worker)->send(message, 0));
   }
@@ -235,12 +367,16 @@ class Server {
   const Options options_;
   const int workers_;
   ShardRange piece_;
-  torch::Tensor piece_tensor_;
+  torch::Tensor piece_tensor_;  // this server's piece of the flat parameters
+  std::vector<ServerSlice> slices_;    // views of it, one per parameter
+  std::vector<int64_t> slice_offsets_;  // where each slice starts in the piece
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   int64_t version_ = 0;
   std::vector<int64_t> clocks_;  // pushes received from each worker
   std::vector<bool> done_;
   std::vector<bool> held_;  // SSP: reply owed, held back by the bound
+  std::vector<bool> paused_;  // announced the checkpoint at pause_step_
+  int64_t pause_step_ = 0;
   std::vector<torch::Tensor> inbox_;
   std::vector<WorkPtr> receives_;  // posted receive per worker (null while none)
   std::vector<std::pair<int, WorkPtr>> sends_;
@@ -248,20 +384,32 @@ class Server {
   std::vector<torch::Tensor> step_gradients_;
   std::vector<int> step_contributors_;
   std::vector<StalenessRecord> step_records_;
+  std::vector<int32_t> step_flags_;
   double step_lr_ = 0;
+  // The step last applied (or skipped), for its contributors' replies.
+  double step_grad_norm_ = 0;
+  bool step_skipped_ = false;
   ServerReport report_;
 };
 
-}  // namespace
-
-ServerReport serve(const Group& group, const std::vector<torch::Tensor>& parameters,
-                   const OptimizerFactory& make_optimizer) {
+Server::Server(const Group& group, const std::vector<torch::Tensor>& parameters, const OptimizerFactory& make_optimizer) {
   if (!group.is_server())
     throw std::logic_error("parameter server: world rank " + std::to_string(group.world()->rank()) +
                            " is a worker; workers use ps::Worker, the last " + std::to_string(group.servers()) +
-                           " ranks call ps::serve()");
-  Server server(group, parameters, make_optimizer);
-  return server.run();
+                           " ranks run a ps::Server");
+  impl_ = std::make_unique<Impl>(group, parameters, make_optimizer);
+}
+
+Server::~Server() = default;
+
+const std::vector<ServerSlice>& Server::slices() const { return impl_->slices(); }
+torch::optim::Optimizer& Server::optimizer() { return impl_->optimizer(); }
+void Server::resume_at(int64_t step) { impl_->resume_at(step); }
+ServerReport Server::run(const std::function<void(int64_t)>& at_checkpoint) { return impl_->run(at_checkpoint); }
+
+ServerReport serve(const Group& group, const std::vector<torch::Tensor>& parameters,
+                   const OptimizerFactory& make_optimizer) {
+  return Server(group, parameters, make_optimizer).run();
 }
 
 }  // namespace dtrain::ps

@@ -13,6 +13,7 @@ const char* to_string(MessageKind kind) {
     case MessageKind::Done: return "done";
     case MessageKind::Params: return "params";
     case MessageKind::Final: return "final";
+    case MessageKind::Checkpoint: return "checkpoint";
   }
   return "unknown";
 }

@@ -10,6 +10,11 @@
 //   worker -> server  Push (clock, the version its parameters had, lr, gradient)
 //   server -> worker  Params (the server's version and its current piece)
 //   ... repeated ...
+//   worker -> server  Checkpoint (version: the step; payload unused; no
+//                     reply: the server saves once every running worker has
+//                     sent one, collectively with them, and the pair goes on
+//                     with the worker's next push)
+//   ... repeated ...
 //   worker -> server  Done (payload unused)
 //   server -> worker  Final (sent once every worker is done)
 #pragma once
@@ -25,7 +30,7 @@
 
 namespace dtrain::ps {
 
-enum class MessageKind : int32_t { Push = 1, Done = 2, Params = 3, Final = 4 };
+enum class MessageKind : int32_t { Push = 1, Done = 2, Params = 3, Final = 4, Checkpoint = 5 };
 const char* to_string(MessageKind kind);
 
 struct MessageHeader {
@@ -34,7 +39,15 @@ struct MessageHeader {
   int64_t clock = 0;    // Push: the worker's pushes before this one
   int64_t version = 0;  // Push: version of the parameters used; Params/Final: the server's version
   double lr = 0;        // Push: learning rate for this update
+  // Push: the worker's loss was not finite (kNonfiniteLoss), or it skipped
+  // this push itself (kSkipped; async and ssp). Params: the server left the
+  // step out (kSkipped; sync, Options::skip_nonfinite).
+  int32_t flags = 0;
+  int32_t unused = 0;
+  double grad_norm = 0;  // Params (sync, with clipping or skipping): the applied step's norm before clipping
 };
+constexpr int32_t kNonfiniteLoss = 1;
+constexpr int32_t kSkipped = 2;
 
 constexpr int64_t kHeaderFloats = sizeof(MessageHeader) / sizeof(float);
 static_assert(sizeof(MessageHeader) % sizeof(float) == 0, "the header must fill whole float32 slots");

@@ -1,9 +1,11 @@
 // The worker side of the parameter server (include/dtrain/ps.h).
+#include "dtrain/grad_norm.h"
 #include "dtrain/ps.h"
 #include "ps/flat_parameters.h"
 #include "ps/wire.h"
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <iostream>
 #include <stdexcept>
@@ -12,7 +14,9 @@
 namespace dtrain::ps {
 
 Worker::Worker(const Group& group, std::vector<torch::Tensor> parameters)
-    : group_(group), parameters_(std::move(parameters)), versions_(static_cast<size_t>(group.servers()), 0) {
+    : group_(group),
+      parameters_(std::move(parameters)),
+      versions_(static_cast<size_t>(group.servers()), 0) {
   if (!group_.is_worker())
     throw std::logic_error("parameter server: rank " + std::to_string(group_.world()->rank()) +
                            " is a server; servers call ps::serve(), not ps::Worker");
@@ -34,23 +38,58 @@ int64_t Worker::next_step() const {
   return *std::min_element(versions_.begin(), versions_.end());
 }
 
-void Worker::push_and_pull(double lr) {
+void Worker::resume_at(int64_t step) {
+  if (pushes_ != 0 || finished_) throw std::logic_error("parameter server: Worker::resume_at after the first push");
+  std::fill(versions_.begin(), versions_.end(), step);
+  pushes_ = step;
+}
+
+Worker::PushResult Worker::push_and_pull(double lr, bool loss_finite) {
   if (finished_) throw std::logic_error("parameter server: push_and_pull after finish()");
-  exchange(static_cast<int>(MessageKind::Push), lr);
+  const Options& options = group_.options();
+  int32_t flags = loss_finite ? 0 : kNonfiniteLoss;
+  PushResult own;
+  if (options.mode != Mode::Sync && (options.max_grad_norm > 0 || options.skip_nonfinite)) {
+    // A push is a whole update here: this worker clips and judges it itself.
+    own.grad_norm = clip_grad_norm(parameters_, options.max_grad_norm > 0 ? options.max_grad_norm : INFINITY, 2.0, nullptr);
+    own.skipped = options.skip_nonfinite && (!loss_finite || !std::isfinite(own.grad_norm));
+    if (own.skipped) flags |= kSkipped;
+  }
+  PushResult result = exchange(static_cast<int>(MessageKind::Push), lr, flags);
   ++pushes_;
+  return options.mode == Mode::Sync ? result : own;
+}
+
+void Worker::announce_checkpoint(int64_t step) {
+  if (finished_) throw std::logic_error("parameter server: announce_checkpoint after finish()");
+  const auto timeout = wait_limit(*group_.world());
+  std::vector<WorkPtr> sends;
+  for (int server = 0; server < group_.servers(); ++server) {
+    torch::Tensor message = make_message(shard_range(total_, group_.servers(), server).count);
+    write_header(message, {.kind = MessageKind::Checkpoint, .worker = group_.worker_index(), .clock = pushes_, .version = step});
+    sends.push_back(group_.pair(server)->send(message, 1));
+  }
+  for (int server = 0; server < group_.servers(); ++server) {
+    wait_within(*sends[static_cast<size_t>(server)], timeout, [&] {
+      return "parameter-server worker " + std::to_string(group_.worker_index()) + " could not announce the checkpoint of step " +
+             std::to_string(step) + " to server " + std::to_string(server) + " (world rank " +
+             std::to_string(group_.server_rank(server)) + ")";
+    }, ": that server probably died or is stuck");
+  }
 }
 
 void Worker::finish() {
   if (finished_) throw std::logic_error("parameter server: finish() called twice");
-  exchange(static_cast<int>(MessageKind::Done), 0);
+  exchange(static_cast<int>(MessageKind::Done), 0, 0);
   finished_ = true;
 }
 
-void Worker::exchange(int kind_value, double lr) {
+Worker::PushResult Worker::exchange(int kind_value, double lr, int32_t flags) {
   const auto kind = static_cast<MessageKind>(kind_value);
   const int servers = group_.servers();
   const torch::Tensor gradients =
       kind == MessageKind::Push ? flatten_gradients(parameters_) : torch::zeros({total_}, torch::kFloat);
+  PushResult result;
 
   // One send and one receive per server, each on its pair's own thread, so
   // the servers are served in parallel.
@@ -63,7 +102,8 @@ void Worker::exchange(int kind_value, double lr) {
                            .worker = group_.worker_index(),
                            .clock = pushes_,
                            .version = versions_[static_cast<size_t>(server)],
-                           .lr = lr});
+                           .lr = lr,
+                           .flags = flags});
     payload(message).copy_(gradients.narrow(0, piece.offset, piece.count));
     const CommPtr& pair = group_.pair(server);
     sends.push_back(pair->send(message, 1));
@@ -98,10 +138,12 @@ void Worker::exchange(int kind_value, double lr) {
       throw CommError(who("a message from") + ": expected " + to_string(expected) + " but got " +
                       to_string(header.kind) + " (see Note [parameter-server messages] in src/ps/wire.h)");
     versions_[static_cast<size_t>(server)] = header.version;
+    if (server == 0) result = {.grad_norm = header.grad_norm, .skipped = (header.flags & kSkipped) != 0};  // servers agree
     const auto piece = shard_range(total_, servers, server);
     flat.narrow(0, piece.offset, piece.count).copy_(payload(reply));
   }
   copy_into_parameters(flat, parameters_);
+  return result;
 }
 
 }  // namespace dtrain::ps
