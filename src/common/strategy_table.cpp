@@ -33,8 +33,7 @@ const std::vector<StrategyInfo>& strategy_table() {
                            {"hybrid"}));
     auto parameter_server = [](const char* name, const char* description, Synchrony synchrony) {
       return StrategyInfo{.name = name, .description = description, .engine = StrategyEngine::ParameterServer,
-                          .synchrony = synchrony, .grad_clip = false, .nonfinite_skip = false,
-                          .checkpoints = false, .balance = synchrony == Synchrony::Lockstep,
+                          .synchrony = synchrony, .balance = synchrony == Synchrony::Lockstep,
                           .backup_workers = synchrony == Synchrony::Lockstep};
     };
     rows.push_back(parameter_server("ps-sync", "parameter server, synchronous steps", Synchrony::Lockstep));

@@ -77,20 +77,16 @@ void check_checkpoint_flags(const TrainConfig& c) {
 
 
 // The run features a strategy's row says no to (Note [the strategy table]).
-// Only the parameter server's rows say no today; the messages give its reasons.
+// Every row says yes today; a strategy that cannot offer one says so in its
+// row, and its reason belongs in these messages.
 void check_features(const TrainConfig& c, const StrategyInfo& row) {
-  if (c.grad_clip > 0 && !row.grad_clip)
-    fail("--grad-clip clips the global gradient norm, but with --strategy " + c.strategy +
-         " each worker pushes its own gradient and no rank sees the global one: leave --grad-clip out");
-  if (c.on_nonfinite == "skip" && !row.nonfinite_skip)
-    fail("--on-nonfinite skip needs every rank to agree before the update; with --strategy " + c.strategy +
-         " the servers apply each push at once: use --on-nonfinite stop");
-  if (!c.trace_path.empty() && !row.trace)
-    fail("--trace is not available with --strategy " + c.strategy + " yet (the parameter server's loop is not "
-         "instrumented): leave it out");
-  if ((!c.checkpoint_dir.empty() || c.resume) && !row.checkpoints)
-    fail("--checkpoint-dir and --resume are not available with --strategy " + c.strategy +
-         " yet (the optimizer state lives on the servers): leave them out");
+  auto refuse = [&](const std::string& feature) {
+    fail(feature + " is not available with --strategy " + c.strategy + " (" + row.description + "): leave it out");
+  };
+  if (c.grad_clip > 0 && !row.grad_clip) refuse("--grad-clip");
+  if (c.on_nonfinite == "skip" && !row.nonfinite_skip) refuse("--on-nonfinite skip");
+  if (!c.trace_path.empty() && !row.trace) refuse("--trace");
+  if ((!c.checkpoint_dir.empty() || c.resume) && !row.checkpoints) refuse("--checkpoint-dir and --resume");
 }
 
 // --servers, --staleness, --backup-workers, --slow-rank, --balance (issue 7).

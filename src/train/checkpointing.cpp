@@ -119,18 +119,34 @@ std::string rng_key(int rank) {
 
 }  // namespace
 
+void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep_last, const SaveCheckpoint& save,
+                              const CommPtr& world, std::map<std::string, std::string> extra) {
+  const auto states = detail::all_gather_strings(world, cpu_rng_state());
+  for (size_t rank = 0; rank < states.size(); ++rank) extra[rng_key(static_cast<int>(rank))] = states[rank];
+  save(checkpoint_path(dir, step), step, extra);
+  if (world->rank() == 0) prune_checkpoints(dir, keep_last);
+}
+
 void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep_last, Strategy& strategy,
                               torch::optim::Optimizer& optimizer, const CommPtr& world,
                               std::map<std::string, std::string> extra) {
-  const auto states = detail::all_gather_strings(world, cpu_rng_state());
-  for (size_t rank = 0; rank < states.size(); ++rank) extra[rng_key(static_cast<int>(rank))] = states[rank];
-  strategy.save(checkpoint_path(dir, step), optimizer, step, extra);
-  if (world->rank() == 0) prune_checkpoints(dir, keep_last);
+  save_training_checkpoint(
+      dir, step, keep_last,
+      [&](const std::string& path, int64_t at, const std::map<std::string, std::string>& all) {
+        strategy.save(path, optimizer, at, all);
+      },
+      world, std::move(extra));
 }
 
 std::optional<CheckpointManifest> resume_from_latest(const std::string& dir, Strategy& strategy,
                                                      torch::optim::Optimizer& optimizer, const CommPtr& world,
                                                      std::vector<std::string>* rejected) {
+  return resume_from_latest(dir, [&](const std::string& path) { return strategy.load(path, optimizer); }, world,
+                            rejected);
+}
+
+std::optional<CheckpointManifest> resume_from_latest(const std::string& dir, const LoadCheckpoint& load,
+                                                     const CommPtr& world, std::vector<std::string>* rejected) {
   // Rank 0 lists the candidates, newest first, and tells the others.
   std::vector<int64_t> candidates;
   std::vector<std::string> passed_over;
@@ -145,7 +161,7 @@ std::optional<CheckpointManifest> resume_from_latest(const std::string& dir, Str
   for (int64_t i = 0; i < steps.numel() && !loaded; ++i) {
     const std::string path = checkpoint_path(dir, steps[i].item<int64_t>());
     try {
-      loaded = strategy.load(path, optimizer);
+      loaded = load(path);
     } catch (const CheckpointDamagedError& damaged) {
       // Every rank gets the same error (the ranks agree on the verification)
       // before anything was loaded: try the next older one.

@@ -12,6 +12,7 @@
 #include "dtrain/comm.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -41,10 +42,19 @@ std::vector<int64_t> resumable_checkpoints(const std::string& dir, std::vector<s
 // Single process; errors are ignored (a leftover directory is never loaded).
 void prune_checkpoints(const std::string& dir, int64_t keep_last);
 
+// How a run writes and reads one checkpoint directory (collective): a
+// Strategy with its optimizer, or an engine's own (the parameter server's
+// servers and workers, src/train/ps_checkpoint.h).
+using SaveCheckpoint =
+    std::function<void(const std::string& path, int64_t step, const std::map<std::string, std::string>& extra)>;
+using LoadCheckpoint = std::function<CheckpointManifest(const std::string& path)>;
+
 // Collective. Saves step `step` to checkpoint_path(dir, step) with `extra`
 // and every rank's random state, then rank 0 keeps the newest `keep_last`.
 // Throws std::runtime_error on every rank when any rank cannot write; the
 // checkpoints already in `dir` are then untouched.
+void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep_last, const SaveCheckpoint& save,
+                              const CommPtr& world, std::map<std::string, std::string> extra);
 void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep_last, Strategy& strategy,
                               torch::optim::Optimizer& optimizer, const CommPtr& world,
                               std::map<std::string, std::string> extra);
@@ -56,6 +66,8 @@ void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep
 // Returns its manifest, or nullopt when `dir` holds none; throws
 // std::runtime_error on every rank when it holds some but none loads.
 // `rejected` (rank 0) gets the newer directories passed over and why.
+std::optional<CheckpointManifest> resume_from_latest(const std::string& dir, const LoadCheckpoint& load,
+                                                     const CommPtr& world, std::vector<std::string>* rejected);
 std::optional<CheckpointManifest> resume_from_latest(const std::string& dir, Strategy& strategy,
                                                      torch::optim::Optimizer& optimizer, const CommPtr& world,
                                                      std::vector<std::string>* rejected);

@@ -12,6 +12,8 @@
 #include "train/model.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
+#include "train/ps_checkpoint.h"
+#include "train/run_checkpoints.h"
 #include "train/run_report.h"
 #include "train/stragglers.h"
 #include "train/training_data.h"
@@ -72,11 +74,21 @@ bool is_parameter_server(const std::string& strategy) {
 namespace {
 
 // This worker's step: its loss (the global batch's under lockstep, else its
-// own part's mean) and learning rate.
+// own part's mean), learning rate, and what the servers did with it.
 struct WorkerStep {
   double loss = 0;
   double lr = 0;
+  ps::Worker::PushResult push;
 };
+
+ps::Options group_options(const TrainConfig& c) {
+  return {.mode = mode_of(c.strategy),
+          .servers = c.servers,
+          .staleness = mode_of(c.strategy) == ps::Mode::SSP ? c.staleness : 0,
+          .backup_workers = c.backup_workers,
+          .max_grad_norm = c.grad_clip,
+          .skip_nonfinite = c.on_nonfinite == "skip"};
+}
 
 // One parameter-server run on this rank: the last config.servers ranks
 // serve, the others train as workers (see ps_training.h).
@@ -88,8 +100,12 @@ class ParameterServerRun {
  private:
   void make_sampler(std::vector<int64_t> sizes);
   void print_banner() const;
+  ps::ServerReport serve();
   void train_as_worker();
   WorkerStep worker_step(ps::Worker& worker, int64_t step, Stragglers& stragglers);
+  void after_worker_step(int64_t done, const WorkerStep& outcome);
+  int64_t resume(const std::function<HeldModel(HeldFor)>& held, torch::optim::Optimizer* optimizer);
+  void save_checkpoint(int64_t step, const HeldModel& held, torch::optim::Optimizer* optimizer);
   void evaluate_at_end();
   void gather_memory();
   void write_final_line(const ps::Summary& summary);
@@ -119,6 +135,7 @@ class ParameterServerRun {
   std::vector<double> step_times_;
   std::vector<int64_t> balanced_;
   std::optional<ProgressLine> progress_;
+  int64_t last_saved_ = 0;
 };
 
 ParameterServerRun::ParameterServerRun(const TrainConfig& config, CommPtr world)
@@ -127,11 +144,7 @@ ParameterServerRun::ParameterServerRun(const TrainConfig& config, CommPtr world)
       world_size_(world_->size()),
       rank_(world_->rank()),
       printing_(config.print && rank_ == 0),
-      group_((memory::install_tracking_allocator(), world_),
-             {.mode = mode_of(config.strategy),
-              .servers = config.servers,
-              .staleness = mode_of(config.strategy) == ps::Mode::SSP ? config.staleness : 0,
-              .backup_workers = config.backup_workers}),
+      group_((memory::install_tracking_allocator(), world_), group_options(config)),
       workers_(group_.workers()),
       lockstep_(mode_of(config.strategy) == ps::Mode::Sync && config.backup_workers == 0) {
   total_ = config_.steps;
@@ -140,7 +153,8 @@ ParameterServerRun::ParameterServerRun(const TrainConfig& config, CommPtr world)
     make_sampler({});
     if (config_.steps == 0) total_ = sampler_->steps_for_epochs(config_.epochs);
   }
-  if (rank_ == 0 && !config_.metrics_path.empty()) metrics_ = MetricsWriter(config_.metrics_path);
+  // A resumed run appends to the metrics file of the run it continues.
+  if (rank_ == 0 && !config_.metrics_path.empty()) metrics_ = MetricsWriter(config_.metrics_path, config_.resume);
 
   baseline_ = memory::live_bytes();
   memory::reset_peak();
@@ -164,9 +178,7 @@ TrainResult ParameterServerRun::run() {
   if (!config_.trace_path.empty()) trace::start(rank_);
   std::optional<ps::ServerReport> report;
   if (group_.is_server()) {
-    const OptimizerConfig optimizer{
-        .name = config_.optimizer, .lr = config_.lr, .momentum = config_.momentum, .weight_decay = config_.weight_decay};
-    report = ps::serve(group_, parameters_, [&](std::vector<torch::Tensor> piece) { return make_optimizer(piece, optimizer); });
+    report = serve();
   } else {
     train_as_worker();
   }
@@ -201,10 +213,47 @@ void ParameterServerRun::print_banner() const {
             << c.lr << std::endl;
 }
 
+// --resume on either side (collective over the world: servers and workers
+// load together, each its own part; see ps_checkpoint.h). Returns the step
+// to continue at.
+int64_t ParameterServerRun::resume(const std::function<HeldModel(HeldFor)>& held, torch::optim::Optimizer* optimizer) {
+  const int64_t first = resume_run(
+      config_, total_,
+      [&](const std::string& path) { return load_checkpoint(path, held(HeldFor::Loading), optimizer, world_); },
+      world_, printing_, metrics_, result_);
+  last_saved_ = first;
+  return first;
+}
+
+void ParameterServerRun::save_checkpoint(int64_t step, const HeldModel& held, torch::optim::Optimizer* optimizer) {
+  save_run_checkpoint(
+      config_, step, total_, last_saved_,
+      [&](const std::string& path, int64_t at, const std::map<std::string, std::string>& extra) {
+        dtrain::save_checkpoint(path, held, optimizer, at, world_, extra);
+      },
+      world_);
+  last_saved_ = step;
+  if (printing_)
+    progress_->message("checkpoint: step " + std::to_string(step) + " saved in " + checkpoint_path(config_.checkpoint_dir, step));
+}
+
+ps::ServerReport ParameterServerRun::serve() {
+  const OptimizerConfig optimizer{
+      .name = config_.optimizer, .lr = config_.lr, .momentum = config_.momentum, .weight_decay = config_.weight_decay};
+  ps::Server server(group_, parameters_, [&](std::vector<torch::Tensor> piece) { return make_optimizer(piece, optimizer); });
+  auto held = [&](HeldFor use) { return ps_server_held(*model_.module, group_, server, config_.strategy, use); };
+  server.resume_at(resume(held, &server.optimizer()));
+  return server.run([&](int64_t step) { save_checkpoint(step, held(HeldFor::Saving), &server.optimizer()); });
+}
+
 void ParameterServerRun::train_as_worker() {
   print_banner();
   ps::Worker worker(group_, parameters_);
+  auto held = [&](HeldFor use) {
+    return ps_worker_held(*model_.module, group_, config_.strategy, config_.optimizer, use);
+  };
   torch::manual_seed(config_.seed + 1 + static_cast<uint64_t>(rank_));  // dropout masks differ per worker
+  worker.resume_at(resume(held, nullptr));  // and a resume at the same world size restores their state
   Stragglers stragglers(config_, rank_, group_.worker_index(), workers_);
   progress_.emplace(std::cout, printing_ && config_.live_progress.value_or(ProgressLine::stdout_is_terminal()),
                     config_.log_every);
@@ -215,12 +264,14 @@ void ParameterServerRun::train_as_worker() {
   const auto run_start = Clock::now();
   while (worker.next_step() < total_) {
     const auto start = Clock::now();
-    const WorkerStep outcome = worker_step(worker, worker.next_step(), stragglers);
+    const int64_t before = worker.next_step();
+    const WorkerStep outcome = worker_step(worker, before, stragglers);
     // The servers' step count, not step + 1: under ps-sync with backup
     // workers a late push is dropped and this worker jumps ahead to the
     // servers' version (Note [backup workers]), possibly past the last step,
     // and the step line must still name the step the run has reached.
     const int64_t done = worker.next_step();
+    after_worker_step(done, outcome);
     if (lockstep_) {
       if (auto sizes = stragglers.rebalance(done, *group_.workers_comm())) {
         make_sampler(*sizes);
@@ -229,6 +280,10 @@ void ParameterServerRun::train_as_worker() {
           progress_->message("balance: after step " + std::to_string(done) + " the workers' local batches are " +
                              format_split(*sizes) + " (measured samples/s)");
       }
+    }
+    if (checkpoint_due(config_, before, done, total_)) {
+      worker.announce_checkpoint(done);  // Note [parameter-server checkpoints]
+      save_checkpoint(done, held(HeldFor::Saving), nullptr);
     }
     const double step_seconds = seconds_since(start);
     step_times_.push_back(step_seconds);
@@ -274,7 +329,8 @@ WorkerStep ParameterServerRun::worker_step(ps::Worker& worker, int64_t step, Str
     (local_sum * (static_cast<double>(workers_) / static_cast<double>(config_.batch_size))).backward();
   }
   stragglers.end(static_cast<int64_t>(indices.size()));
-  worker.push_and_pull(outcome.lr);  // its send and receive are the communicator's "comm" spans
+  // Its send and receive are the communicator's "comm" spans.
+  outcome.push = worker.push_and_pull(outcome.lr, std::isfinite(local_sum.item<double>()));
   trace::sample_memory();
 
   outcome.loss = local_sum.item<double>() / static_cast<double>(indices.size());  // this worker's part
@@ -283,10 +339,22 @@ WorkerStep ParameterServerRun::worker_step(ps::Worker& worker, int64_t step, Str
     group_.workers_comm()->all_reduce(sum, ReduceOp::Sum)->wait();
     outcome.loss = sum.item<double>() / static_cast<double>(config_.batch_size);
   }
-  if (!std::isfinite(outcome.loss))
-    throw std::runtime_error("the loss is " + std::to_string(outcome.loss) + " at step " + std::to_string(step + 1) +
-                             ": training diverged; try a lower --lr or more --warmup");
   return outcome;
+}
+
+// The step's non-finite rule: a skipped update is counted and said; without
+// --on-nonfinite skip a non-finite loss ends the run. (With it, a late
+// ps-sync push whose loss was not finite was dropped, not applied.)
+void ParameterServerRun::after_worker_step(int64_t done, const WorkerStep& outcome) {
+  if (outcome.push.skipped) {
+    ++result_.skipped_steps;
+    if (printing_)
+      progress_->message("step " + std::to_string(done) + " skipped: the loss is " + std::to_string(outcome.loss) +
+                         (std::isfinite(outcome.push.grad_norm) ? "" : ", the gradient norm " + std::to_string(outcome.push.grad_norm)));
+  } else if (!std::isfinite(outcome.loss) && config_.on_nonfinite != "skip") {
+    throw std::runtime_error("the loss is " + std::to_string(outcome.loss) + " at step " + std::to_string(done) +
+                             ": training diverged; try a lower --lr, more --warmup or --grad-clip, or --on-nonfinite skip");
+  }
 }
 
 void ParameterServerRun::evaluate_at_end() {

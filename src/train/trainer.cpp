@@ -26,6 +26,7 @@
 #include "train/model.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
+#include "train/run_checkpoints.h"
 #include "train/ps_training.h"
 #include "train/run_report.h"
 #include "train/samples.h"
@@ -208,29 +209,9 @@ void DataParallelRun::print_banner() const {
 // this rank's random state; the step says where the sampler and the
 // learning-rate schedule are. Returns the first step to run.
 int64_t DataParallelRun::resume() {
-  if (!config_.resume) return 0;
-  std::vector<std::string> rejected;
-  const auto manifest = train::resume_from_latest(config_.checkpoint_dir, *strategy_, *optimizer_, world_, &rejected);
-  if (printing_) {
-    for (const auto& reason : rejected) std::cout << "not resuming from " << reason << "\n";
-    if (!manifest) {
-      std::cout << "no checkpoint in " << config_.checkpoint_dir << " yet: starting at step 0" << std::endl;
-    } else {
-      std::cout << "resuming from step " << manifest->step << " ("
-                << train::checkpoint_path(config_.checkpoint_dir, manifest->step) << ", saved by " << manifest->strategy
-                << " on " << manifest->world_size << (manifest->world_size == 1 ? " rank" : " ranks") << ")"
-                << std::endl;
-      for (const auto& line : train::resume_differences(manifest->extra, train::run_description(config_, total_)))
-        std::cout << "  note: " << line << "\n";
-    }
-  }
-  if (!manifest) return 0;
-  if (manifest->step > total_)
-    throw std::invalid_argument("the checkpoint to resume from is at step " + std::to_string(manifest->step) +
-                                ", past this run's " + std::to_string(total_) + " steps: give more --steps");
-  result_.resumed_from_step = manifest->step;
-  metrics_.write({{"resumed_from_step", manifest->step}});
-  return manifest->step;
+  return train::resume_run(
+      config_, total_, [&](const std::string& path) { return strategy_->load(path, *optimizer_); }, world_, printing_,
+      metrics_, result_);
 }
 
 // Everything up to here (construction, --init-from, --resume) is the start's
@@ -331,14 +312,12 @@ void DataParallelRun::after_step(int64_t done, const StepOutcome& outcome, Stead
 }
 
 void DataParallelRun::save_checkpoint_at(int64_t step) {
-  try {
-    train::save_training_checkpoint(config_.checkpoint_dir, step, config_.keep_last, *strategy_, *optimizer_, world_,
-                                    train::run_description(config_, total_));
-  } catch (const std::exception& error) {
-    throw std::runtime_error("cannot write the checkpoint of step " + std::to_string(step) + ": " + error.what() +
-                             (last_saved_ > 0 ? "; the checkpoint of step " + std::to_string(last_saved_) + " is untouched"
-                                              : std::string()));
-  }
+  train::save_run_checkpoint(
+      config_, step, total_, last_saved_,
+      [&](const std::string& path, int64_t at, const std::map<std::string, std::string>& extra) {
+        strategy_->save(path, *optimizer_, at, extra);
+      },
+      world_);
   last_saved_ = step;
   if (printing_)
     progress_->message("checkpoint: step " + std::to_string(step) + " saved in " +
@@ -377,9 +356,8 @@ TrainResult DataParallelRun::run() {
     const StepOutcome outcome = train_step(step);
     const int64_t done = step + 1;
     after_step(done, outcome, start);
-    const bool checkpoint_due = !config_.checkpoint_dir.empty() &&
-                                ((config_.checkpoint_every > 0 && done % config_.checkpoint_every == 0) || done == total_);
-    if (checkpoint_due || (outcome.stop_requested && !config_.checkpoint_dir.empty())) save_checkpoint_at(done);
+    const bool due = train::checkpoint_due(config_, step, done, total_);
+    if (due || (outcome.stop_requested && !config_.checkpoint_dir.empty())) save_checkpoint_at(done);
     if (outcome.stop_requested) {
       // Every rank saw the request in the same all-reduce: all stop here.
       // (A rank that did not get the signal itself reports the usual one.)

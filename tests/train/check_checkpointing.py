@@ -32,6 +32,14 @@ temporary folder, and compares per-step losses through the metrics files
         saying so instead of quietly starting at step 0. Resuming with another
         --seed and --steps names both differences.
 
+    check_checkpointing.py reshard --from "ARGS" --to "ARGS" DTRAIN -- TRAIN_ARGS...
+        A run with the --from strategy flags and checkpoints every 10 steps;
+        every checkpoint after step 10 removed; then --resume with the --to
+        flags (another strategy or world size). It must say it resumes from
+        step 10 saved by the --from strategy, and every later step's loss and
+        the final evaluation must equal an uninterrupted --to run's within
+        --tolerance (the strategies' arithmetic differs in rounding only).
+
     check_checkpointing.py disk-full DTRAIN -- TRAIN_ARGS...
         A disk that holds one checkpoint but not two: the second save fails
         with a message naming the step and the cause, the first checkpoint
@@ -259,6 +267,35 @@ def check_nonfinite(dtrain, args, folder):
     say("--on-nonfinite skip: step 5 skipped, %d later steps finite, eval_loss %r" % (len(later), final["eval_loss"]))
 
 
+def check_reshard(dtrain, args, folder, source, target, tolerance):
+    reference = reference_run(dtrain, args + target, folder)
+    checkpoints = os.path.join(folder, "checkpoints")
+    run([dtrain, "train"] + args + source + ["--checkpoint-dir", checkpoints, "--checkpoint-every", "10",
+                                             "--keep-last", "0"])
+    for path in glob.glob(os.path.join(checkpoints, "step-*")):
+        if os.path.basename(path) != "step-00000010":
+            shutil.rmtree(path)
+    resumed = resume_run(dtrain, args + target, checkpoints, folder, 10)
+    saved_by = json.load(open(os.path.join(checkpoints, "step-00000010", "manifest.json")))["strategy"]
+    wanted = source[source.index("--strategy") + 1]
+    if saved_by != wanted:
+        fail("the checkpoint says it was saved by %r, not %r" % (saved_by, wanted))
+    ref, res = step_losses(reference), step_losses(resumed)
+    later = sorted(s for s in ref if s > 10)
+    worst = 0.0
+    for step in later:
+        if res.get(step) is None or ref[step] is None:
+            fail("step %d: no finite loss (resumed %r, uninterrupted %r)" % (step, res.get(step), ref[step]))
+        worst = max(worst, abs(res[step] - ref[step]))
+    ref_eval, res_eval = final_record(reference)["eval_loss"], final_record(resumed)["eval_loss"]
+    worst_eval = abs(ref_eval - res_eval)
+    if worst > tolerance or worst_eval > tolerance:
+        fail("after resuming, losses differ from the uninterrupted run by up to %g (eval %g), over %g"
+             % (worst, worst_eval, tolerance))
+    say("%s -> %s at step 10: steps 11..%d within %g of the uninterrupted run (eval %g)"
+        % (" ".join(source), " ".join(target), later[-1], worst, worst_eval))
+
+
 def flip_a_byte(checkpoint):
     """Flips one byte in the middle of the checkpoint's largest shard file; returns the file's name."""
     shards = glob.glob(os.path.join(checkpoint, "*.safetensors"))
@@ -426,12 +463,23 @@ def check_crash_points(dtrain, args, folder):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("check", choices=["kill-resume", "signal", "nonfinite", "damaged", "disk-full", "crash-points"])
+    parser.add_argument("check", choices=["kill-resume", "signal", "nonfinite", "damaged", "disk-full", "crash-points",
+                                          "reshard"])
+    parser.add_argument("--from", dest="source", default="", help="reshard: the saving run's strategy flags")
+    parser.add_argument("--to", dest="target", default="", help="reshard: the resuming run's strategy flags")
+    parser.add_argument("--tolerance", type=float, default=1e-5, help="reshard: the largest loss difference")
     parser.add_argument("dtrain")
     parser.add_argument("train_args", nargs=argparse.REMAINDER)
     options = parser.parse_args()
     args = [a for a in options.train_args if a != "--"] + ["--log-every", "1"]
     with tempfile.TemporaryDirectory(prefix="dtrain-ckpt-") as folder:
+        if options.check == "reshard":
+            if "--strategy" not in options.source.split() or "--strategy" not in options.target.split():
+                fail("reshard needs --from and --to, each with --strategy")
+            check_reshard(options.dtrain, args, folder, options.source.split(), options.target.split(),
+                          options.tolerance)
+            say("PASS")
+            return
         {"kill-resume": check_kill_resume, "signal": check_signal, "nonfinite": check_nonfinite,
          "damaged": check_damaged, "disk-full": check_disk_full,
      "crash-points": check_crash_points}[options.check](options.dtrain, args, folder)

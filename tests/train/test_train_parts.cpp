@@ -215,7 +215,8 @@ TEST(StrategyTable, NamesAliasesAndFlags) {
     EXPECT_NE(std::string(error.what()).find("unknown strategy 'zero9'; one of single, ddp, zero1"), std::string::npos);
   }
   EXPECT_EQ(dtrain::strategy_list([](const dtrain::StrategyInfo& r) { return r.planned; }), "ddp, zero1, zero2, fsdp, hsdp");
-  EXPECT_FALSE(dtrain::strategy_info("ps-async").grad_clip);
+  EXPECT_TRUE(dtrain::strategy_info("ps-async").grad_clip);
+  EXPECT_TRUE(dtrain::strategy_info("ps-ssp").checkpoints);
   EXPECT_TRUE(dtrain::strategy_info("ps-async").trace);
   EXPECT_TRUE(dtrain::strategy_info("ps-sync").backup_workers);
   EXPECT_FALSE(dtrain::strategy_info("ps-ssp").backup_workers);
