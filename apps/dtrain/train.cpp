@@ -234,7 +234,13 @@ int train_rank(const TrainConfig& config, const CommPtr& world) {
                                 (invalid ? "" : "error: ") + message_of(error) + "\n";
     std::cout << std::flush;
     std::cerr << message << std::flush;
-    return invalid ? 2 : 1;
+    const int code = invalid ? 2 : 1;
+    // Leave at once in a job of several ranks: the orderly exit (MPI_Finalize,
+    // c10d's teardown) waits for every rank, and another may be waiting for
+    // this one in a step that never comes (a parameter server waiting for a
+    // push). The launcher then stops the others, as when a rank dies.
+    if (world->size() > 1) std::_Exit(code);
+    return code;
   }
 }
 
