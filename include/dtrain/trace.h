@@ -2,6 +2,9 @@
 // and written as one Chrome trace-event JSON file that opens in Perfetto
 // (https://ui.perfetto.dev) or chrome://tracing: one process per rank, one
 // track per thread (the training thread, each communicator's thread).
+// This header records (every layer does, the communicator included); writing
+// the file gathers the ranks' events over a Communicator, so it lives a layer
+// above, in dtrain/trace_writer.h.
 //
 //   dtrain::trace::start(world->rank());        // on the training thread
 //   for (...) {
@@ -9,7 +12,7 @@
 //     { dtrain::trace::Span s("forward", dtrain::trace::category::compute);  ... }
 //     ...
 //   }
-//   dtrain::trace::write("run.trace.json", *world);  // collective: every rank calls it
+//   dtrain::trace::write("run.trace.json", *world);  // dtrain/trace_writer.h; collective
 //   // then: dtrain trace summary run.trace.json
 //
 // Tracing is off by default; while off, every recording call costs one
@@ -49,10 +52,6 @@
 #include <string>
 #include <type_traits>
 #include <vector>
-
-namespace dtrain {
-class Communicator;
-}
 
 namespace dtrain::trace {
 
@@ -157,13 +156,5 @@ class Label {
 LabelValue current_label();
 // Adds the label's arguments to `span`.
 void add_label(Span& span, const LabelValue& label);
-
-// Stops recording and writes every rank's events into one Chrome trace-event
-// JSON file at `path` (rank 0 writes it; temp file + rename, so a reader
-// never sees half a file). Collective over `world`: every rank must call it.
-// Throws on every rank when rank 0 cannot write the file.
-void write(const std::string& path, Communicator& world);
-// Stops recording and writes this process's events alone.
-void write_local(const std::string& path);
 
 }  // namespace dtrain::trace

@@ -1,5 +1,5 @@
 // Recording: per-thread buffers, spans, labels (include/dtrain/trace.h).
-#include "trace/recorder.h"
+#include "common/trace_recorder.h"
 
 #include "dtrain/memory.h"
 

@@ -1,7 +1,7 @@
 // Chrome trace-event JSON for one process's recorded events. Internal.
 #pragma once
 
-#include "trace/recorder.h"
+#include "common/trace_recorder.h"
 
 #include <string>
 #include <vector>

@@ -2,6 +2,7 @@
 #include "trace/trace_json.h"
 
 #include "dtrain/comm.h"
+#include "dtrain/trace_writer.h"
 
 #include <torch/types.h>
 

@@ -2,7 +2,7 @@
 
 #include "train/progress.h"
 
-#include "dtrain/trace.h"
+#include "dtrain/trace_writer.h"
 
 #include <iostream>
 #include <sstream>

@@ -11,6 +11,7 @@
 #include <dtrain/memory.h>
 #include <dtrain/models.h>
 #include <dtrain/trace.h>
+#include <dtrain/trace_writer.h>
 #include <dtrain/trace_summary.h>
 
 #include "../common/multirank_gtest.h"
