@@ -10,7 +10,7 @@
 
 namespace dtrain::train {
 
-Evaluation evaluate(Strategy& strategy, Model& model, const data::Dataset& validation, int64_t count, int64_t chunk,
+Evaluation evaluate(const Forward& forward, Model& model, const data::Dataset& validation, int64_t count, int64_t chunk,
                     Communicator& world) {
   const int world_size = world.size();
   if (count < world_size || count > validation.size())
@@ -32,7 +32,7 @@ Evaluation evaluate(Strategy& strategy, Model& model, const data::Dataset& valid
     std::vector<int64_t> indices(static_cast<size_t>(mine.count));
     std::iota(indices.begin(), indices.end(), in_chunk.offset + mine.offset);
     const data::Batch batch = validation.get_batch(indices);
-    const torch::Tensor logits = strategy.forward(batch.inputs);
+    const torch::Tensor logits = forward(batch.inputs);
     loss_sum += per_sample_loss(logits, batch.targets).sum().item<double>();
     if (model.classification) correct += logits.argmax(1).eq(batch.targets).sum().item<double>();
   }

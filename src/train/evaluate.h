@@ -6,9 +6,9 @@
 #include "dtrain/comm.h"
 #include "dtrain/data.h"
 #include "train/model.h"
-#include "train/strategy.h"
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 namespace dtrain::train {
@@ -21,10 +21,12 @@ struct Evaluation {
 
 // Evaluates the first `count` samples of `validation` (count >= the world
 // size) in eval mode without gradients, in chunks of about `chunk` samples.
-// Every rank runs the same number of forwards through `strategy`, so engines
-// that communicate in forward stay in step. The model's training flag is
+// Every rank runs the same number of forwards through `forward` (the
+// strategy's, so engines that communicate in forward stay in step; a
+// parameter-server worker's plain module). The model's training flag is
 // restored afterwards.
-Evaluation evaluate(Strategy& strategy, Model& model, const data::Dataset& validation, int64_t count, int64_t chunk,
+using Forward = std::function<torch::Tensor(const torch::Tensor& inputs)>;
+Evaluation evaluate(const Forward& forward, Model& model, const data::Dataset& validation, int64_t count, int64_t chunk,
                     Communicator& world);
 
 }  // namespace dtrain::train

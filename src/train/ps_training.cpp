@@ -15,6 +15,7 @@
 #include "train/ps_checkpoint.h"
 #include "train/run_checkpoints.h"
 #include "train/run_report.h"
+#include "train/step_loop.h"
 #include "train/stragglers.h"
 #include "train/training_data.h"
 #include "common/timing.h"
@@ -44,27 +45,6 @@ ps::Mode mode_of(const std::string& strategy) {
   return ps::Mode::Sync;
 }
 
-// evaluate() runs the model through a Strategy; a worker's module is plain
-// (the servers hold the optimizer), so forward is all it needs.
-class PlainForward final : public Strategy {
- public:
-  explicit PlainForward(Model& model) : model_(model) {}
-  std::string name() const override { return "ps-worker"; }
-  torch::Tensor forward(const torch::Tensor& inputs) override { return model_.forward(inputs); }
-  std::vector<torch::Tensor> optimizer_parameters() override { return {}; }
-  double clip_grad_norm(double) override { throw std::logic_error("ps workers do not clip"); }
-  void save(const std::string&, torch::optim::Optimizer&, int64_t, const std::map<std::string, std::string>&) override {
-    throw std::logic_error("ps workers do not save checkpoints");
-  }
-  CheckpointManifest load(const std::string&, torch::optim::Optimizer&) override {
-    throw std::logic_error("ps workers do not load checkpoints");
-  }
-  void load_initial_weights(const std::string& path) override { train::load_initial_weights(*model_.module, path); }
-
- private:
-  Model& model_;
-};
-
 }  // namespace
 
 bool is_parameter_server(const std::string& strategy) {
@@ -72,14 +52,6 @@ bool is_parameter_server(const std::string& strategy) {
 }
 
 namespace {
-
-// This worker's step: its loss (the global batch's under lockstep, else its
-// own part's mean), learning rate, and what the servers did with it.
-struct WorkerStep {
-  double loss = 0;
-  double lr = 0;
-  ps::Worker::PushResult push;
-};
 
 ps::Options group_options(const TrainConfig& c) {
   return {.mode = mode_of(c.strategy),
@@ -91,19 +63,47 @@ ps::Options group_options(const TrainConfig& c) {
 }
 
 // One parameter-server run on this rank: the last config.servers ranks
-// serve, the others train as workers (see ps_training.h).
-class ParameterServerRun {
+// serve, the others train as workers (see ps_training.h) through the shared
+// StepLoop, whose StepSource this class is on a worker: a step's update is
+// the push and pull.
+class ParameterServerRun final : public StepSource {
  public:
   ParameterServerRun(const TrainConfig& config, CommPtr world);
   TrainResult run();
+
+  // StepSource (workers). The servers' step count, not a counter: under
+  // ps-sync with backup workers a late push is dropped and this worker jumps
+  // ahead to the servers' version (Note [backup workers]), possibly past the
+  // last step, and the step lines must still name the step the run reached.
+  int64_t next_step() const override { return worker_->next_step(); }
+  StepOutcome run_step(int64_t step) override;
+  Communicator* lockstep_ranks() override { return lockstep_ ? group_.workers_comm().get() : nullptr; }
+  void resplit(const std::vector<int64_t>& sizes) override {
+    make_sampler(sizes);
+    balanced_ = sizes;
+  }
+  void save_checkpoint(int64_t step) override {
+    worker_->announce_checkpoint(step);  // Note [parameter-server checkpoints]
+    save_checkpoint(step, worker_held(HeldFor::Saving), nullptr);
+  }
+  Evaluation evaluate() override {
+    // A worker's module is plain (the servers hold the optimizer): forward is all it takes.
+    return train::evaluate([&](const torch::Tensor& inputs) { return model_.forward(inputs); }, model_,
+                           *data_->validation, eval_count(), std::max<int64_t>(config_.batch_size, 256),
+                           *group_.workers_comm());
+  }
 
  private:
   void make_sampler(std::vector<int64_t> sizes);
   void print_banner() const;
   ps::ServerReport serve();
   void train_as_worker();
-  WorkerStep worker_step(ps::Worker& worker, int64_t step, Stragglers& stragglers);
-  void after_worker_step(int64_t done, const WorkerStep& outcome);
+  HeldModel worker_held(HeldFor use) {
+    return ps_worker_held(*model_.module, group_, config_.strategy, config_.optimizer, use);
+  }
+  int64_t eval_count() const {
+    return model_.classification ? data_->validation->size() : std::min(data_->validation->size(), config_.eval_windows);
+  }
   int64_t resume(const std::function<HeldModel(HeldFor)>& held, torch::optim::Optimizer* optimizer);
   void save_checkpoint(int64_t step, const HeldModel& held, torch::optim::Optimizer* optimizer);
   void evaluate_at_end();
@@ -132,10 +132,12 @@ class ParameterServerRun {
   TrainResult result_;
   std::optional<Evaluation> final_eval_;
   double train_seconds_ = 0;
-  std::vector<double> step_times_;
   std::vector<int64_t> balanced_;
-  std::optional<ProgressLine> progress_;
   int64_t last_saved_ = 0;
+  // Workers, while training:
+  ps::Worker* worker_ = nullptr;
+  std::optional<Stragglers> stragglers_;
+  std::optional<StepLoop> loop_;
 };
 
 ParameterServerRun::ParameterServerRun(const TrainConfig& config, CommPtr world)
@@ -187,7 +189,7 @@ TrainResult ParameterServerRun::run() {
   if (group_.is_worker()) evaluate_at_end();
   gather_memory();
   result_.loss = result_.losses.empty() ? 0 : result_.losses.back();
-  result_.step_time_s_median = median(step_times_);
+  result_.step_time_s_median = loop_ ? median(loop_->step_times()) : 0;
   if (final_eval_) {
     result_.eval_loss = final_eval_->loss;
     result_.eval_accuracy = final_eval_->accuracy;
@@ -233,8 +235,6 @@ void ParameterServerRun::save_checkpoint(int64_t step, const HeldModel& held, to
       },
       world_);
   last_saved_ = step;
-  if (printing_)
-    progress_->message("checkpoint: step " + std::to_string(step) + " saved in " + checkpoint_path(config_.checkpoint_dir, step));
 }
 
 ps::ServerReport ParameterServerRun::serve() {
@@ -249,73 +249,28 @@ ps::ServerReport ParameterServerRun::serve() {
 void ParameterServerRun::train_as_worker() {
   print_banner();
   ps::Worker worker(group_, parameters_);
-  auto held = [&](HeldFor use) {
-    return ps_worker_held(*model_.module, group_, config_.strategy, config_.optimizer, use);
-  };
+  worker_ = &worker;
   torch::manual_seed(config_.seed + 1 + static_cast<uint64_t>(rank_));  // dropout masks differ per worker
-  worker.resume_at(resume(held, nullptr));  // and a resume at the same world size restores their state
-  Stragglers stragglers(config_, rank_, group_.worker_index(), workers_);
-  progress_.emplace(std::cout, printing_ && config_.live_progress.value_or(ProgressLine::stdout_is_terminal()),
-                    config_.log_every);
-  StepLog step_log(metrics_, config_.log_every, data_->unit + "_per_s");
-  PlainForward plain(model_);
-  model_.module->train();
+  worker.resume_at(resume([&](HeldFor use) { return worker_held(use); }, nullptr));  // and a resume at the same world size restores their state
+  stragglers_.emplace(config_, rank_, group_.worker_index(), workers_);
   const double units_per_step = static_cast<double>(config_.batch_size * data_->units_per_sample);
+  loop_.emplace(config_, total_, units_per_step, data_->unit, printing_, metrics_, *stragglers_, result_);
+  model_.module->train();
   const auto run_start = Clock::now();
-  while (worker.next_step() < total_) {
-    const auto start = Clock::now();
-    const int64_t before = worker.next_step();
-    const WorkerStep outcome = worker_step(worker, before, stragglers);
-    // The servers' step count, not step + 1: under ps-sync with backup
-    // workers a late push is dropped and this worker jumps ahead to the
-    // servers' version (Note [backup workers]), possibly past the last step,
-    // and the step line must still name the step the run has reached.
-    const int64_t done = worker.next_step();
-    after_worker_step(done, outcome);
-    if (lockstep_) {
-      if (auto sizes = stragglers.rebalance(done, *group_.workers_comm())) {
-        make_sampler(*sizes);
-        balanced_ = *sizes;
-        if (printing_)
-          progress_->message("balance: after step " + std::to_string(done) + " the workers' local batches are " +
-                             format_split(*sizes) + " (measured samples/s)");
-      }
-    }
-    if (checkpoint_due(config_, before, done, total_)) {
-      worker.announce_checkpoint(done);  // Note [parameter-server checkpoints]
-      save_checkpoint(done, held(HeldFor::Saving), nullptr);
-    }
-    const double step_seconds = seconds_since(start);
-    step_times_.push_back(step_seconds);
-    result_.losses.push_back(outcome.loss);
-    if (printing_)
-      progress_->update({.step = done,
-                         .total = total_,
-                         .loss = outcome.loss,
-                         .rate = units_per_step / step_seconds,
-                         .rate_unit = data_->unit + "/s",
-                         .eta_s = step_seconds * static_cast<double>(total_ - done),
-                         .peak_bytes_per_rank = {training_bytes()}});
-    step_log.record(done, total_, outcome.loss, outcome.lr, step_seconds, units_per_step);
-    if (lockstep_ && config_.eval_every > 0 && done % config_.eval_every == 0 && done != total_) {
-      const Evaluation e = evaluate(plain, model_, *data_->validation, data_->validation->size(),
-                                    std::max<int64_t>(config_.batch_size, 256), *group_.workers_comm());
-      metrics_.write(eval_record(done, e));
-    }
-  }
+  loop_->run(*this);
   worker.finish();  // every worker now holds the servers' final parameters
-  progress_->finish();
+  worker_ = nullptr;
+  loop_->finish();
   train_seconds_ = seconds_since(run_start);
   result_.steps = total_;
 }
 
-WorkerStep ParameterServerRun::worker_step(ps::Worker& worker, int64_t step, Stragglers& stragglers) {
-  trace::Span step_span("step", trace::category::step, {{"step", step + 1}});
-  WorkerStep outcome;
+StepOutcome ParameterServerRun::run_step(int64_t step) {
+  StepOutcome outcome;
   outcome.lr = learning_rate({.peak_lr = config_.lr, .warmup_steps = config_.warmup, .total_steps = total_}, step);
   const std::vector<int64_t> indices = sampler_->local_batch(step);
   const data::Batch part = data_->train->get_batch(indices);
-  stragglers.begin();
+  stragglers_->begin();
   for (auto& p : parameters_) p.mutable_grad() = torch::Tensor();
   torch::Tensor local_sum;
   {
@@ -328,9 +283,11 @@ WorkerStep ParameterServerRun::worker_step(ps::Worker& worker, int64_t step, Str
     // Note [global batch loss], with W = the number of workers.
     (local_sum * (static_cast<double>(workers_) / static_cast<double>(config_.batch_size))).backward();
   }
-  stragglers.end(static_cast<int64_t>(indices.size()));
+  stragglers_->end(static_cast<int64_t>(indices.size()));
   // Its send and receive are the communicator's "comm" spans.
-  outcome.push = worker.push_and_pull(outcome.lr, std::isfinite(local_sum.item<double>()));
+  const ps::Worker::PushResult push = worker_->push_and_pull(outcome.lr, std::isfinite(local_sum.item<double>()));
+  outcome.grad_norm = push.grad_norm;
+  outcome.skipped = push.skipped;
   trace::sample_memory();
 
   outcome.loss = local_sum.item<double>() / static_cast<double>(indices.size());  // this worker's part
@@ -339,30 +296,12 @@ WorkerStep ParameterServerRun::worker_step(ps::Worker& worker, int64_t step, Str
     group_.workers_comm()->all_reduce(sum, ReduceOp::Sum)->wait();
     outcome.loss = sum.item<double>() / static_cast<double>(config_.batch_size);
   }
+  outcome.peak_bytes_per_rank = {training_bytes()};
   return outcome;
 }
 
-// The step's non-finite rule: a skipped update is counted and said; without
-// --on-nonfinite skip a non-finite loss ends the run. (With it, a late
-// ps-sync push whose loss was not finite was dropped, not applied.)
-void ParameterServerRun::after_worker_step(int64_t done, const WorkerStep& outcome) {
-  if (outcome.push.skipped) {
-    ++result_.skipped_steps;
-    if (printing_)
-      progress_->message("step " + std::to_string(done) + " skipped: the loss is " + std::to_string(outcome.loss) +
-                         (std::isfinite(outcome.push.grad_norm) ? "" : ", the gradient norm " + std::to_string(outcome.push.grad_norm)));
-  } else if (!std::isfinite(outcome.loss) && config_.on_nonfinite != "skip") {
-    throw std::runtime_error("the loss is " + std::to_string(outcome.loss) + " at step " + std::to_string(done) +
-                             ": training diverged; try a lower --lr, more --warmup or --grad-clip, or --on-nonfinite skip");
-  }
-}
-
 void ParameterServerRun::evaluate_at_end() {
-  const int64_t eval_count = model_.classification ? data_->validation->size()
-                                                   : std::min(data_->validation->size(), config_.eval_windows);
-  PlainForward plain(model_);
-  final_eval_ = evaluate(plain, model_, *data_->validation, eval_count, std::max<int64_t>(config_.batch_size, 256),
-                         *group_.workers_comm());
+  final_eval_ = evaluate();
   metrics_.write(eval_record(total_, *final_eval_));
 }
 

@@ -31,6 +31,7 @@
 #include "train/run_report.h"
 #include "train/samples.h"
 #include "train/stop_signals.h"
+#include "train/step_loop.h"
 #include "train/stragglers.h"
 #include "train/strategy.h"
 #include "train/training_data.h"
@@ -41,13 +42,9 @@
 #include <torch/utils.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <csignal>
-#include <deque>
 #include <iostream>
 #include <map>
-#include <numeric>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -58,34 +55,24 @@
 namespace dtrain {
 namespace {
 
-using Clock = SteadyClock;
-
-double mean(const std::deque<double>& values) {
-  return values.empty() ? 0 : std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
-}
-
-std::string checkpoint_note(const TrainConfig& c) {
-  return c.checkpoint_dir.empty() ? std::string("no --checkpoint-dir was given")
-                                  : "the checkpoints in " + c.checkpoint_dir + " are intact";
-}
-
-// What one training step ends with on this rank, after the step's one
-// all-reduce of statistics.
-struct StepOutcome {
-  double loss = 0;  // the global batch's mean loss
-  double lr = 0;
-  double grad_norm = 0;
-  bool skipped = false;  // --on-nonfinite skip left out the update
-  bool stop_requested = false;  // SIGINT/SIGTERM on some rank
-};
-
 // One data-parallel run on this rank (single, ddp and the sharded
-// strategies; the parameter server has its own loop): set up in the
-// constructor, then run() steps, evaluates and reports.
-class DataParallelRun {
+// strategies): set up in the constructor, then run() steps through the
+// shared StepLoop (this class is its StepSource), evaluates and reports.
+class DataParallelRun final : public train::StepSource {
  public:
   DataParallelRun(const TrainConfig& config, CommPtr world);
   TrainResult run();
+
+  // train::StepSource
+  int64_t next_step() const override { return next_step_; }
+  train::StepOutcome run_step(int64_t step) override;
+  Communicator* lockstep_ranks() override { return world_.get(); }
+  void resplit(const std::vector<int64_t>& sizes) override { make_sampler(sizes); }
+  void save_checkpoint(int64_t step) override;
+  train::Evaluation evaluate() override {
+    return train::evaluate([&](const torch::Tensor& inputs) { return strategy_->forward(inputs); }, model_,
+                           *data_.validation, eval_count_, eval_chunk_, *world_);
+  }
 
  private:
   void make_sampler(std::vector<int64_t> local_batch_sizes);
@@ -93,15 +80,8 @@ class DataParallelRun {
   void print_banner() const;
   int64_t resume();
   void measure_start_peak();
-  StepOutcome train_step(int64_t step);
-  void after_step(int64_t done, const StepOutcome& outcome, SteadyClock::time_point start);
-  void save_checkpoint_at(int64_t step);
-  void evaluate_during_training(int64_t done);
   void finish(double train_seconds);
   void print_summary(double train_seconds) const;
-  train::Evaluation run_evaluation() {
-    return train::evaluate(*strategy_, model_, *data_.validation, eval_count_, eval_chunk_, *world_);
-  }
 
   const TrainConfig& config_;
   CommPtr world_;
@@ -123,11 +103,9 @@ class DataParallelRun {
   TrainResult result_;
   torch::Tensor construction_peaks_;  // per rank
   std::string step_advice_;
-  std::vector<double> step_times_;
-  std::deque<double> recent_;  // the last step times, for rate and ETA
   std::vector<int64_t> peaks_;  // per rank, the steps' peak so far
-  std::optional<train::StepLog> step_log_;
-  std::optional<train::ProgressLine> progress_;
+  std::optional<train::StepLoop> loop_;
+  int64_t next_step_ = 0;
   int64_t last_saved_ = 0;
   int64_t steps_done_ = 0;
   std::optional<train::Evaluation> final_eval_;
@@ -227,8 +205,9 @@ void DataParallelRun::measure_start_peak() {
 // Forward, backward, clipping and the update of one step, then one small
 // all-reduce: the global loss, every rank's peak memory, and whether a rank
 // was asked to stop (SIGINT/SIGTERM; see stop_signals.h).
-StepOutcome DataParallelRun::train_step(int64_t step) {
-  StepOutcome outcome;
+train::StepOutcome DataParallelRun::run_step(int64_t step) {
+  next_step_ = step + 1;
+  train::StepOutcome outcome;
   outcome.lr = train::learning_rate(schedule_, step);
   train::set_learning_rate(*optimizer_, outcome.lr);
   const std::vector<int64_t> local_indices = sampler_->local_batch(step);
@@ -273,45 +252,11 @@ StepOutcome DataParallelRun::train_step(int64_t step) {
   outcome.loss = values[0] / static_cast<double>(config_.batch_size);
   outcome.stop_requested = values[1] != 0;
   for (int r = 0; r < world_size_; ++r) peaks_[static_cast<size_t>(r)] = static_cast<int64_t>(values[2 + r]);
+  outcome.peak_bytes_per_rank = peaks_;
   return outcome;
 }
 
-// Rebalancing, the non-finite rule, the step's records and its progress line.
-void DataParallelRun::after_step(int64_t done, const StepOutcome& outcome, SteadyClock::time_point start) {
-  if (auto sizes = stragglers_.rebalance(done, *world_)) {
-    make_sampler(*sizes);
-    if (printing_) progress_->message("balance: after step " + std::to_string(done) + " the local batches are " +
-                                      train::format_split(*sizes) + " (by measured samples/s)");
-  }
-  if (outcome.skipped) {
-    ++result_.skipped_steps;
-    if (printing_)
-      progress_->message("step " + std::to_string(done) + " skipped: the loss is " + std::to_string(outcome.loss) +
-                         (std::isfinite(outcome.grad_norm) ? "" : ", the gradient norm " + std::to_string(outcome.grad_norm)));
-  } else if (!std::isfinite(outcome.loss)) {
-    throw std::runtime_error("the loss is " + std::to_string(outcome.loss) + " at step " + std::to_string(done) +
-                             ": training diverged (" + checkpoint_note(config_) +
-                             "); try a lower --lr, more --warmup or --grad-clip, or --on-nonfinite skip");
-  }
-  const double step_seconds = seconds_since(start);
-  step_times_.push_back(step_seconds);
-  result_.losses.push_back(outcome.loss);
-  recent_.push_back(step_seconds);
-  if (recent_.size() > 20) recent_.pop_front();
-  if (printing_) {
-    const double recent_step = mean(recent_);
-    progress_->update({.step = done,
-                       .total = total_,
-                       .loss = outcome.loss,
-                       .rate = units_per_step_ / recent_step,
-                       .rate_unit = data_.unit + "/s",
-                       .eta_s = recent_step * static_cast<double>(total_ - done),
-                       .peak_bytes_per_rank = peaks_});
-  }
-  step_log_->record(done, total_, outcome.loss, outcome.lr, step_seconds, units_per_step_);
-}
-
-void DataParallelRun::save_checkpoint_at(int64_t step) {
+void DataParallelRun::save_checkpoint(int64_t step) {
   train::save_run_checkpoint(
       config_, step, total_, last_saved_,
       [&](const std::string& path, int64_t at, const std::map<std::string, std::string>& extra) {
@@ -319,16 +264,6 @@ void DataParallelRun::save_checkpoint_at(int64_t step) {
       },
       world_);
   last_saved_ = step;
-  if (printing_)
-    progress_->message("checkpoint: step " + std::to_string(step) + " saved in " +
-                       train::checkpoint_path(config_.checkpoint_dir, step));
-}
-
-void DataParallelRun::evaluate_during_training(int64_t done) {
-  memory::set_phase("evaluation");
-  const train::Evaluation evaluation = run_evaluation();
-  if (printing_) progress_->message("eval at step " + std::to_string(done) + ": " + train::format_eval(evaluation));
-  metrics_.write(train::eval_record(done, evaluation));
 }
 
 TrainResult DataParallelRun::run() {
@@ -339,35 +274,17 @@ TrainResult DataParallelRun::run() {
   measure_start_peak();
 
   result_.world_size = world_size_;
-  step_log_.emplace(metrics_, config_.log_every, data_.unit + "_per_s");
   peaks_.assign(static_cast<size_t>(world_size_), 0);
-  const bool live = config_.live_progress.value_or(train::ProgressLine::stdout_is_terminal());
-  progress_.emplace(std::cout, printing_ && live, config_.log_every);
   last_saved_ = first_step;
-  steps_done_ = total_;  // less when a signal stops the run
+  next_step_ = first_step;
+  loop_.emplace(config_, total_, units_per_step_, data_.unit, printing_, metrics_, stragglers_, result_);
 
   const auto run_start = SteadyClock::now();
   model_.module->train();
   // --trace: this rank's timeline from here to the end of the loop (dtrain/trace.h).
   if (!config_.trace_path.empty()) trace::start(rank_);
-  for (int64_t step = first_step; step < total_; ++step) {
-    trace::Span step_span("step", trace::category::step, {{"step", step + 1}});
-    const auto start = SteadyClock::now();
-    const StepOutcome outcome = train_step(step);
-    const int64_t done = step + 1;
-    after_step(done, outcome, start);
-    const bool due = train::checkpoint_due(config_, step, done, total_);
-    if (due || (outcome.stop_requested && !config_.checkpoint_dir.empty())) save_checkpoint_at(done);
-    if (outcome.stop_requested) {
-      // Every rank saw the request in the same all-reduce: all stop here.
-      // (A rank that did not get the signal itself reports the usual one.)
-      result_.stopped_by_signal = train::StopSignals::received() != 0 ? train::StopSignals::received() : SIGTERM;
-      steps_done_ = done;
-      break;
-    }
-    if (config_.eval_every > 0 && done % config_.eval_every == 0 && done != total_) evaluate_during_training(done);
-  }
-  progress_->finish();
+  steps_done_ = loop_->run(*this);
+  loop_->finish();
   const double train_seconds = seconds_since(run_start);
   train::write_trace_if_asked(config_, *world_, printing_);
   finish(train_seconds);
@@ -383,7 +300,7 @@ void DataParallelRun::finish(double train_seconds) {
   const bool stopped = result_.stopped_by_signal != 0;
   if (!stopped) {
     memory::set_phase("final evaluation");
-    final_eval_ = run_evaluation();
+    final_eval_ = evaluate();
     metrics_.write(train::eval_record(total_, *final_eval_));
   }
   if (model_.gpt && !stopped) {
@@ -402,7 +319,7 @@ void DataParallelRun::finish(double train_seconds) {
     result_.eval_loss = final_eval_->loss;
     result_.eval_accuracy = final_eval_->accuracy;
   }
-  result_.step_time_s_median = median(step_times_);
+  result_.step_time_s_median = median(loop_->step_times());
   result_.step_peak_bytes = *std::max_element(peaks_.begin(), peaks_.end());
   for (int r = 0; r < world_size_; ++r) {
     const auto start = static_cast<int64_t>(construction_peaks_[r].item<double>());

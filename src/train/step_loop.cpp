@@ -1,0 +1,121 @@
+#include "train/step_loop.h"
+
+#include "dtrain/memory.h"
+#include "dtrain/trace.h"
+#include "train/checkpointing.h"
+#include "train/run_checkpoints.h"
+#include "train/run_report.h"
+#include "train/stop_signals.h"
+#include "common/timing.h"
+
+#include <csignal>
+#include <cmath>
+#include <iostream>
+#include <numeric>
+#include <stdexcept>
+
+namespace dtrain::train {
+namespace {
+
+double mean(const std::deque<double>& values) {
+  return values.empty() ? 0 : std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
+}
+
+std::string checkpoint_note(const TrainConfig& c) {
+  return c.checkpoint_dir.empty() ? std::string("no --checkpoint-dir was given")
+                                  : "the checkpoints in " + c.checkpoint_dir + " are intact";
+}
+
+}  // namespace
+
+StepLoop::StepLoop(const TrainConfig& config, int64_t total, double units_per_step, const std::string& unit,
+                   bool printing, MetricsWriter& metrics, Stragglers& stragglers, TrainResult& result)
+    : config_(config),
+      total_(total),
+      units_per_step_(units_per_step),
+      unit_(unit),
+      printing_(printing),
+      metrics_(metrics),
+      stragglers_(stragglers),
+      result_(result),
+      progress_(std::cout, printing && config.live_progress.value_or(ProgressLine::stdout_is_terminal()),
+                config.log_every),
+      step_log_(metrics, config.log_every, unit + "_per_s") {}
+
+void StepLoop::message(const std::string& text) {
+  if (printing_) progress_.message(text);
+}
+
+int64_t StepLoop::run(StepSource& source) {
+  while (source.next_step() < total_) {
+    const int64_t before = source.next_step();
+    trace::Span step_span("step", trace::category::step, {{"step", before + 1}});
+    const auto start = SteadyClock::now();
+    const StepOutcome outcome = source.run_step(before);
+    const int64_t done = source.next_step();
+    rebalance(source, done);
+    record(done, outcome, seconds_since(start));
+    if (checkpoint_due(config_, before, done, total_) ||
+        (outcome.stop_requested && !config_.checkpoint_dir.empty())) {
+      source.save_checkpoint(done);
+      message("checkpoint: step " + std::to_string(done) + " saved in " + checkpoint_path(config_.checkpoint_dir, done));
+    }
+    if (outcome.stop_requested) {
+      // Every rank saw the request in the same step: all stop here. (A rank
+      // that did not get the signal itself reports the usual one.)
+      result_.stopped_by_signal = StopSignals::received() != 0 ? StopSignals::received() : SIGTERM;
+      return done;
+    }
+    if (config_.eval_every > 0 && done % config_.eval_every == 0 && done != total_ && source.lockstep_ranks()) {
+      memory::set_phase("evaluation");
+      const Evaluation evaluation = source.evaluate();
+      message("eval at step " + std::to_string(done) + ": " + format_eval(evaluation));
+      metrics_.write(eval_record(done, evaluation));
+    }
+  }
+  return total_;
+}
+
+// --balance: the ranks that meet every step share their measured rates and
+// re-split the global batch.
+void StepLoop::rebalance(StepSource& source, int64_t done) {
+  Communicator* ranks = source.lockstep_ranks();
+  if (!ranks) return;
+  if (auto sizes = stragglers_.rebalance(done, *ranks)) {
+    source.resplit(*sizes);
+    message("balance: after step " + std::to_string(done) + " the local batches are " + format_split(*sizes) +
+            " (by measured samples/s)");
+  }
+}
+
+// The non-finite rule, then the step's records and its progress line.
+void StepLoop::record(int64_t done, const StepOutcome& outcome, double step_seconds) {
+  if (outcome.skipped) {
+    ++result_.skipped_steps;
+    message("step " + std::to_string(done) + " skipped: the loss is " + std::to_string(outcome.loss) +
+            (std::isfinite(outcome.grad_norm) ? "" : ", the gradient norm " + std::to_string(outcome.grad_norm)));
+  } else if (!std::isfinite(outcome.loss) && config_.on_nonfinite != "skip") {
+    // (With skip, a non-finite loss that was not skipped is a late ps-sync
+    // push the servers dropped: nothing was applied.)
+    throw std::runtime_error("the loss is " + std::to_string(outcome.loss) + " at step " + std::to_string(done) +
+                             ": training diverged (" + checkpoint_note(config_) +
+                             "); try a lower --lr, more --warmup or --grad-clip, or --on-nonfinite skip");
+  }
+  step_times_.push_back(step_seconds);
+  result_.losses.push_back(outcome.loss);
+  recent_.push_back(step_seconds);
+  if (recent_.size() > 20) recent_.pop_front();
+  if (printing_) {
+    const double recent_step = mean(recent_);
+    progress_.update({.step = done,
+                      .total = total_,
+                      .loss = outcome.loss,
+                      .rate = units_per_step_ / recent_step,
+                      .rate_unit = unit_ + "/s",
+                      .eta_s = recent_step * static_cast<double>(total_ - done),
+                      .peak_bytes_per_rank = outcome.peak_bytes_per_rank});
+  }
+  step_log_.record(done, total_, outcome.loss, outcome.lr, step_seconds, units_per_step_);
+}
+
+}  // namespace dtrain::train
