@@ -1,4 +1,5 @@
 #include "fsdp/flat_parameter.h"
+#include "fsdp/schedule_rules.h"
 
 #include "common/tensor_alias.h"
 
@@ -46,9 +47,9 @@ FlatParameter::FlatParameter(std::vector<std::string> names, std::vector<torch::
     numel_ += entry.numel;
     entries_.push_back(std::move(entry));
   }
-  padded_numel_ = (numel_ + group_size - 1) / group_size * group_size;
-  if (padded_numel_ == 0) padded_numel_ = group_size;  // keep every shard non-empty
-  shard_numel_ = padded_numel_ / group_size;
+  const auto sizes = fsdp_rules::flat_sizes(numel_, group_size);
+  padded_numel_ = sizes.padded;
+  shard_numel_ = sizes.shard;
   shard_begin_ = group_rank * shard_numel_;
   const int64_t shard_begin = shard_begin_;
   for (auto& entry : entries_) {

@@ -1,4 +1,5 @@
 #include "fsdp/fsdp_state.h"
+#include "fsdp/schedule_rules.h"
 
 #include "comm/replicas.h"
 #include "fsdp/activation_checkpoint.h"
@@ -232,11 +233,10 @@ torch::Tensor FSDPState::to_compute_dtype(const torch::Tensor& input) const {
 }
 
 bool FSDPState::reshard_after_forward(const Unit& unit) const {
-  if (&unit == units_[0].get()) return false;  // the root is needed first in backward
-  return options_.strategy == Sharding::Full || options_.strategy == Sharding::Hybrid;
+  return fsdp_rules::reshard_after_forward(options_.strategy, &unit == units_[0].get());
 }
 
-bool FSDPState::free_after_backward() const { return options_.strategy != Sharding::OptimizerOnly; }
+bool FSDPState::free_after_backward() const { return fsdp_rules::free_after_backward(options_.strategy); }
 
 Unit* FSDPState::neighbour_in_order(const Unit& unit, int direction) const {
   if (&unit == units_[0].get()) {
@@ -250,7 +250,7 @@ Unit* FSDPState::neighbour_in_order(const Unit& unit, int direction) const {
 }
 
 void FSDPState::prefetch(Unit* unit) {
-  if (!unit || inflight_gathers_ >= options_.max_inflight_all_gathers) return;
+  if (!unit || !fsdp_rules::may_prefetch(inflight_gathers_, options_.max_inflight_all_gathers)) return;
   if (unit->start_unshard()) ++inflight_gathers_;
 }
 
@@ -398,10 +398,8 @@ void FSDPState::end_backward_span(Unit& unit) {
 }
 
 void FSDPState::bound_inflight_reductions() {
-  // OptimizerOnly keeps every full-size gradient (its .grad views them), so
-  // waiting early would free nothing.
-  if (options_.strategy == Sharding::OptimizerOnly) return;
-  while (reduce_order_.size() - reductions_waited_ >= static_cast<size_t>(options_.max_inflight_reductions)) {
+  while (fsdp_rules::must_wait_for_reduction(options_.strategy, reduce_order_.size() - reductions_waited_,
+                                             options_.max_inflight_reductions)) {
     reduce_order_[reductions_waited_++]->wait_reduction();
   }
 }

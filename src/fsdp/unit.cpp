@@ -1,4 +1,5 @@
 #include "fsdp/unit.h"
+#include "fsdp/schedule_rules.h"
 
 #include "common/tensor_alias.h"
 
@@ -136,7 +137,7 @@ void Unit::reduce_gradients(bool sync) {
   full_gradient_ = full;
   reduction_started_ = true;
   const trace::Label label("unit", index_, trace_name_);
-  if (options_.strategy == Sharding::OptimizerOnly) {
+  if (fsdp_rules::reduces_in_place(options_.strategy)) {
     reduce_work_ = groups_.shard->all_reduce(full_gradient_, ReduceOp::Avg);
   } else {
     shard_gradient_ = torch::empty({flat_.shard_numel()}, full.options());
@@ -148,7 +149,7 @@ void Unit::wait_reduction() {
   if (!reduce_work_) return;
   reduce_work_->wait();
   // OptimizerOnly's .grad will view the all-reduced buffer; the others only need the shard.
-  if (options_.strategy != Sharding::OptimizerOnly) full_gradient_ = torch::Tensor();
+  if (!fsdp_rules::reduces_in_place(options_.strategy)) full_gradient_ = torch::Tensor();
 }
 
 void Unit::finish_gradients() {
@@ -156,7 +157,7 @@ void Unit::finish_gradients() {
   torch::NoGradGuard no_grad;
   reduce_work_->wait();
   reduce_work_.reset();
-  if (options_.strategy == Sharding::OptimizerOnly) {
+  if (fsdp_rules::reduces_in_place(options_.strategy)) {
     shard_gradient_ = full_gradient_.narrow(0, groups_.shard->rank() * flat_.shard_numel(), flat_.shard_numel());
   }
   full_gradient_ = torch::Tensor();

@@ -4,8 +4,11 @@
 // A steady-state step (the optimizer state exists, .grad was set to none by
 // the previous zero_grad) is replayed event by event: each allocation adds
 // to one category of MemoryBreakdown, each free removes, and the largest
-// total at any marked moment is the plan's peak. The events mirror the code,
-// so a change there must be mirrored here (tests/plan and
+// total at any marked moment is the plan's peak. The rules (flat layout and
+// padding, when a unit is resharded or freed, the prefetch bound, when
+// backward waits for a reduction, in-place or scattered reduction) are the
+// engine's own, src/fsdp/schedule_rules.h; the order of the events mirrors
+// the code, so a change to that order must be mirrored here (tests/plan and
 // `dtrain bench fsdp` compare the result with the tracking allocator):
 // - FSDP (src/fsdp/fsdp_state.cpp, unit.cpp, flat_parameter.cpp):
 //   * a unit's shard is padded/G elements of the master dtype, its full
@@ -42,6 +45,7 @@
 // - Optimizer step: AdamW computes sqrt(exp_avg_sq) / bias-correction into
 //   two temporaries of one parameter's size; SGD allocates none.
 #include "plan/plan_internal.h"
+#include "fsdp/schedule_rules.h"
 
 #include <algorithm>
 #include <deque>
@@ -140,10 +144,8 @@ class FSDPReplay {
   }
 
  private:
-  bool free_after_backward() const { return layout_.strategy != Sharding::OptimizerOnly; }
-  bool reshard_after_forward(size_t u) const {
-    return u != 0 && (layout_.strategy == Sharding::Full || layout_.strategy == Sharding::Hybrid);
-  }
+  bool free_after_backward() const { return fsdp_rules::free_after_backward(layout_.strategy); }
+  bool reshard_after_forward(size_t u) const { return fsdp_rules::reshard_after_forward(layout_.strategy, u == 0); }
   int64_t full_bytes(size_t u) const { return units_[u].flat.padded * layout_.compute_bytes; }
   // The shard cast to the compute dtype for the gather (shard.to() copies
   // only when the dtypes differ).
@@ -201,7 +203,7 @@ class FSDPReplay {
   }
   // FSDPState::prefetch and consume
   void prefetch(int u) {
-    if (u < 0 || inflight_ >= options_.max_inflight_all_gathers) return;
+    if (u < 0 || !fsdp_rules::may_prefetch(inflight_, options_.max_inflight_all_gathers)) return;
     if (start_unshard(static_cast<size_t>(u))) ++inflight_;
   }
   void consume(size_t u) {
@@ -283,14 +285,13 @@ class FSDPReplay {
     t_.add(&MemoryBreakdown::gradients, flat.numel * layout_.compute_bytes);
     if (u == 0) t_.remove(&MemoryBreakdown::gradients, model_.root_tail_gradient_bytes);  // now part of the root's
     // FSDPState::bound_inflight_reductions, then Unit::reduce_gradients
-    if (layout_.strategy != Sharding::OptimizerOnly) {
-      while (reducing_.size() >= static_cast<size_t>(options_.max_inflight_reductions)) finish_reduction();
-      reducing_.push_back(u);
-    }
+    while (fsdp_rules::must_wait_for_reduction(layout_.strategy, reducing_.size(), options_.max_inflight_reductions))
+      finish_reduction();
+    if (!fsdp_rules::reduces_in_place(layout_.strategy)) reducing_.push_back(u);
     t_.add(&MemoryBreakdown::reduction_buffers, flat.padded * layout_.reduce_bytes);
     t_.mark("backward: " + display(spec) + " reduces its gradients");
     t_.remove(&MemoryBreakdown::gradients, flat.numel * layout_.compute_bytes);
-    if (layout_.strategy != Sharding::OptimizerOnly) {
+    if (!fsdp_rules::reduces_in_place(layout_.strategy)) {
       t_.add(&MemoryBreakdown::gradients, flat.shard * layout_.reduce_bytes);
       t_.mark("backward: " + display(spec) + " reduce-scatters");
     }
@@ -312,7 +313,7 @@ class FSDPReplay {
       const auto& flat = units_[u].flat;
       const int64_t full = flat.padded * layout_.reduce_bytes;
       const bool cast = layout_.reduce_bytes != layout_.master_bytes;
-      if (layout_.strategy == Sharding::OptimizerOnly) {
+      if (fsdp_rules::reduces_in_place(layout_.strategy)) {
         if (cast) {
           t_.add(&MemoryBreakdown::gradients, flat.shard * layout_.master_bytes);
           t_.mark("end of backward: gradients cast to the master dtype");
@@ -394,9 +395,9 @@ FlatLayout flat_layout(const UnitSpec& unit, const Layout& layout) {
   FlatLayout flat;
   flat.numel = unit.numel();
   if (unit.parameters.empty()) return flat;  // nothing to gather or reduce (FlatParameter's empty case)
-  flat.padded = (flat.numel + G - 1) / G * G;
-  if (flat.padded == 0) flat.padded = G;  // FlatParameter keeps every shard non-empty
-  flat.shard = flat.padded / G;
+  const auto sizes = fsdp_rules::flat_sizes(flat.numel, G);  // as FlatParameter lays it out
+  flat.padded = sizes.padded;
+  flat.shard = sizes.shard;
   const int64_t begin = layout.group_rank * flat.shard, end = begin + flat.shard;
   int64_t offset = 0;
   for (const auto& p : unit.parameters) {
