@@ -16,6 +16,7 @@
 #include "train/run_checkpoints.h"
 #include "train/run_report.h"
 #include "train/step_loop.h"
+#include "train/stop_signals.h"
 #include "train/stragglers.h"
 #include "train/training_data.h"
 #include "common/timing.h"
@@ -178,15 +179,22 @@ void ParameterServerRun::make_sampler(std::vector<int64_t> sizes) {
 TrainResult ParameterServerRun::run() {
   // --trace: this rank's timeline, servers included (dtrain/trace.h).
   if (!config_.trace_path.empty()) trace::start(rank_);
+  // SIGINT/SIGTERM under ps-sync: the workers agree on it in their per-step
+  // all-reduce, save a checkpoint and stop; the servers keep serving until
+  // they have. (Asynchronous workers never meet, so they cannot agree on a
+  // step: there a signal ends the run as usual.)
+  std::optional<StopSignals> stop_signals;
+  if (lockstep_ && !config_.checkpoint_dir.empty()) stop_signals.emplace();
   std::optional<ps::ServerReport> report;
   if (group_.is_server()) {
     report = serve();
+    result_.stopped_by_signal = stop_signals ? StopSignals::received() : 0;
   } else {
     train_as_worker();
   }
   const ps::Summary summary = ps::summarize(group_, report ? &*report : nullptr);
   train::write_trace_if_asked(config_, *world_, printing_);
-  if (group_.is_worker()) evaluate_at_end();
+  if (group_.is_worker() && result_.stopped_by_signal == 0) evaluate_at_end();  // a stopped run ends promptly
   gather_memory();
   result_.loss = result_.losses.empty() ? 0 : result_.losses.back();
   result_.step_time_s_median = loop_ ? median(loop_->step_times()) : 0;
@@ -257,12 +265,11 @@ void ParameterServerRun::train_as_worker() {
   loop_.emplace(config_, total_, units_per_step, data_->unit, printing_, metrics_, *stragglers_, result_);
   model_.module->train();
   const auto run_start = Clock::now();
-  loop_->run(*this);
+  result_.steps = loop_->run(*this);  // less than total_ when stopped by a signal
   worker.finish();  // every worker now holds the servers' final parameters
   worker_ = nullptr;
   loop_->finish();
   train_seconds_ = seconds_since(run_start);
-  result_.steps = total_;
 }
 
 StepOutcome ParameterServerRun::run_step(int64_t step) {
@@ -291,10 +298,11 @@ StepOutcome ParameterServerRun::run_step(int64_t step) {
   trace::sample_memory();
 
   outcome.loss = local_sum.item<double>() / static_cast<double>(indices.size());  // this worker's part
-  if (lockstep_) {
-    auto sum = local_sum.detach().to(torch::kFloat64).reshape({1}).clone();
-    group_.workers_comm()->all_reduce(sum, ReduceOp::Sum)->wait();
-    outcome.loss = sum.item<double>() / static_cast<double>(config_.batch_size);
+  if (lockstep_) {  // the global loss, and whether a worker was asked to stop
+    auto sums = torch::tensor({local_sum.item<double>(), static_cast<double>(StopSignals::received())}, torch::kFloat64);
+    group_.workers_comm()->all_reduce(sums, ReduceOp::Sum)->wait();
+    outcome.loss = sums[0].item<double>() / static_cast<double>(config_.batch_size);
+    outcome.stop_requested = sums[1].item<double>() != 0;
   }
   outcome.peak_bytes_per_rank = {training_bytes()};
   return outcome;
@@ -350,6 +358,12 @@ void ParameterServerRun::write_final_line(const ps::Summary& summary) {
 
 void ParameterServerRun::print_summary(const ps::Summary& summary) const {
   if (!printing_) return;
+  if (result_.stopped_by_signal != 0) {
+    std::cout << signal_name(result_.stopped_by_signal) << ": stopped after step " << result_.steps
+              << "; checkpoint saved in " << checkpoint_path(config_.checkpoint_dir, result_.steps)
+              << " (continue with the same command and --resume)" << std::endl;
+    return;
+  }
   std::ostringstream text;
   text.setf(std::ios::fixed);
   text.precision(4);
