@@ -1,9 +1,12 @@
 #include "train/run_report.h"
 
+#include "train/checkpointing.h"
 #include "train/progress.h"
+#include "train/stragglers.h"
 
 #include "dtrain/trace_writer.h"
 
+#include <cmath>
 #include <iostream>
 #include <sstream>
 #include <utility>
@@ -57,6 +60,31 @@ nlohmann::ordered_json eval_record(int64_t step, const Evaluation& e) {
   nlohmann::ordered_json record{{"step", step}, {"eval_loss", e.loss}};
   if (e.accuracy) record["eval_accuracy"] = *e.accuracy;
   return record;
+}
+
+std::string eval_line(int64_t step, const Evaluation& e) {
+  return "eval at step " + std::to_string(step) + ": " + format_eval(e);
+}
+
+std::string checkpoint_line(const std::string& dir, int64_t step) {
+  return "checkpoint: step " + std::to_string(step) + " saved in " + checkpoint_path(dir, step);
+}
+
+std::string skipped_line(int64_t step, double loss, double grad_norm) {
+  return "step " + std::to_string(step) + " skipped: the loss is " + std::to_string(loss) +
+         (std::isfinite(grad_norm) ? "" : ", the gradient norm " + std::to_string(grad_norm));
+}
+
+std::string balance_line(int64_t step, const std::vector<int64_t>& local_batch_sizes) {
+  return "balance: after step " + std::to_string(step) + " the local batches are " + format_split(local_batch_sizes) +
+         " (by measured samples/s)";
+}
+
+std::string diverged_message(const TrainConfig& c, int64_t step, double loss) {
+  const std::string checkpoints = c.checkpoint_dir.empty() ? std::string("no --checkpoint-dir was given")
+                                                           : "the checkpoints in " + c.checkpoint_dir + " are intact";
+  return "the loss is " + std::to_string(loss) + " at step " + std::to_string(step) + ": training diverged (" +
+         checkpoints + "); try a lower --lr, more --warmup or --grad-clip, or --on-nonfinite skip";
 }
 
 std::map<std::string, std::string> run_description(const TrainConfig& c, int64_t total) {

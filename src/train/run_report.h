@@ -28,6 +28,18 @@ std::string format_eval(const Evaluation& e);
 // The metrics file's evaluation line.
 nlohmann::ordered_json eval_record(int64_t step, const Evaluation& e);
 
+// The lines the step loop shows between progress updates.
+// "eval at step 100: loss 1.2345, accuracy 56.78%"
+std::string eval_line(int64_t step, const Evaluation& e);
+// "checkpoint: step 100 saved in ckpt/step-00000100"
+std::string checkpoint_line(const std::string& dir, int64_t step);
+// "step 5 skipped: the loss is nan[, the gradient norm inf]"
+std::string skipped_line(int64_t step, double loss, double grad_norm);
+// "balance: after step 20 the local batches are 40 | 24 (by measured samples/s)"
+std::string balance_line(int64_t step, const std::vector<int64_t>& local_batch_sizes);
+// The error of a non-finite loss that was not skipped.
+std::string diverged_message(const TrainConfig& c, int64_t step, double loss);
+
 // What a checkpoint records about the run besides the tensors: `dtrain
 // checkpoint inspect` shows it, and a resumed run says where it differs.
 std::map<std::string, std::string> run_description(const TrainConfig& c, int64_t total);

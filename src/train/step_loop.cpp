@@ -2,7 +2,6 @@
 
 #include "dtrain/memory.h"
 #include "dtrain/trace.h"
-#include "train/checkpointing.h"
 #include "train/run_checkpoints.h"
 #include "train/run_report.h"
 #include "train/stop_signals.h"
@@ -19,11 +18,6 @@ namespace {
 
 double mean(const std::deque<double>& values) {
   return values.empty() ? 0 : std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
-}
-
-std::string checkpoint_note(const TrainConfig& c) {
-  return c.checkpoint_dir.empty() ? std::string("no --checkpoint-dir was given")
-                                  : "the checkpoints in " + c.checkpoint_dir + " are intact";
 }
 
 }  // namespace
@@ -58,7 +52,7 @@ int64_t StepLoop::run(StepSource& source) {
     if (checkpoint_due(config_, before, done, total_) ||
         (outcome.stop_requested && !config_.checkpoint_dir.empty())) {
       source.save_checkpoint(done);
-      message("checkpoint: step " + std::to_string(done) + " saved in " + checkpoint_path(config_.checkpoint_dir, done));
+      message(checkpoint_line(config_.checkpoint_dir, done));
     }
     if (outcome.stop_requested) {
       // Every rank saw the request in the same step: all stop here. (A rank
@@ -69,7 +63,7 @@ int64_t StepLoop::run(StepSource& source) {
     if (config_.eval_every > 0 && done % config_.eval_every == 0 && done != total_ && source.lockstep_ranks()) {
       memory::set_phase("evaluation");
       const Evaluation evaluation = source.evaluate();
-      message("eval at step " + std::to_string(done) + ": " + format_eval(evaluation));
+      message(eval_line(done, evaluation));
       metrics_.write(eval_record(done, evaluation));
     }
   }
@@ -83,23 +77,20 @@ void StepLoop::rebalance(StepSource& source, int64_t done) {
   if (!ranks) return;
   if (auto sizes = stragglers_.rebalance(done, *ranks)) {
     source.resplit(*sizes);
-    message("balance: after step " + std::to_string(done) + " the local batches are " + format_split(*sizes) +
-            " (by measured samples/s)");
+    message(balance_line(done, *sizes));
   }
 }
 
-// The non-finite rule, then the step's records and its progress line.
+// The non-finite rule, then the step's records and its progress line (the
+// words come from run_report.h: the loop decides, the report says).
 void StepLoop::record(int64_t done, const StepOutcome& outcome, double step_seconds) {
   if (outcome.skipped) {
     ++result_.skipped_steps;
-    message("step " + std::to_string(done) + " skipped: the loss is " + std::to_string(outcome.loss) +
-            (std::isfinite(outcome.grad_norm) ? "" : ", the gradient norm " + std::to_string(outcome.grad_norm)));
+    message(skipped_line(done, outcome.loss, outcome.grad_norm));
   } else if (!std::isfinite(outcome.loss) && config_.on_nonfinite != "skip") {
     // (With skip, a non-finite loss that was not skipped is a late ps-sync
     // push the servers dropped: nothing was applied.)
-    throw std::runtime_error("the loss is " + std::to_string(outcome.loss) + " at step " + std::to_string(done) +
-                             ": training diverged (" + checkpoint_note(config_) +
-                             "); try a lower --lr, more --warmup or --grad-clip, or --on-nonfinite skip");
+    throw std::runtime_error(diverged_message(config_, done, outcome.loss));
   }
   step_times_.push_back(step_seconds);
   result_.losses.push_back(outcome.loss);
