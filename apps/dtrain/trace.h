@@ -1,6 +1,6 @@
 // `dtrain trace summary PATH`: per rank, compute time, communication time,
 // exposed (non-overlapped) communication and the overlap fraction of a trace
-// written by dtrain::trace::write (include/dtrain/trace.h does the
+// written by dtrain::trace::write (include/dtrain/trace_summary.h does the
 // arithmetic; this file is flags and printing).
 #pragma once
 

@@ -190,6 +190,9 @@ class Server {
   // Resuming from a checkpoint of step `step` (after loading the slices and
   // the optimizer, before run()): the server's version and every worker's
   // push count start there. Every worker calls Worker::resume_at(step).
+  // (Async/SSP count a version per applied push, about W per step, so the
+  // resumed versions are lower than the uninterrupted run's; staleness is a
+  // difference of versions and is unaffected.)
   void resume_at(int64_t step);
 
   // Serves until every worker has called finish(). Whenever every running

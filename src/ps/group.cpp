@@ -27,6 +27,9 @@ void check_options(const Options& options, int world_size) {
          " workers: use 0 to " + std::to_string(workers - 1));
   if (options.max_grad_norm < 0)
     fail("the gradient norm bound must be >= 0 (0: no clipping), got " + std::to_string(options.max_grad_norm));
+  if (options.backup_workers > 0 && options.servers > 1 && (options.max_grad_norm > 0 || options.skip_nonfinite))
+    fail("backup workers with " + std::to_string(options.servers) + " servers: each server closes a step with its "
+         "own first pushes, so the servers cannot agree on a step's norm or a skip; use one server");
   if (options.backup_workers > 0 && options.mode != Mode::Sync)
     fail("backup workers only apply to synchronous training (mode sync), not " + std::string(to_string(options.mode)));
 }

@@ -36,8 +36,14 @@ namespace dtrain::ps {
 // announced it, then saves with them. Sync: workers announce at the version
 // they hold, and a late worker (backup workers) is answered with the version
 // the others wait at, so all announce the same step and nothing is half
-// gathered. Async/SSP: each worker announces after its t-th push; the
-// snapshot holds exactly t pushes of every worker. A server's piece is saved
+// gathered (with one server: two servers may answer a late worker with
+// different versions, so checkpoints with backup workers need one server,
+// and the server checks that the announced step is its own). Async/SSP:
+// each worker announces after its t-th push; the snapshot holds exactly t
+// pushes of every worker. A fast worker waits for the slowest inside the
+// save's first collective, which the communicator's timeout (DTRAIN_TIMEOUT)
+// bounds: an async run whose workers drift further apart than that between
+// checkpoints fails with the timeout's error. A server's piece is saved
 // as one slice per parameter it overlaps (ServerSlice), so the checkpoint is
 // the ordinary sharded one and loads into any strategy at any world size.
 
@@ -282,9 +288,11 @@ class Server::Impl {
   // Every running worker waits at the same step (each announced it after
   // its reply): nothing is in flight, so the servers' state is that step's.
   void checkpoint(const std::function<void(int64_t)>& at_checkpoint) {
-    if (!step_contributors_.empty())
-      throw std::logic_error(describe_server() + ": a checkpoint while step " + std::to_string(version_) +
-                             " is half gathered");
+    if (!step_contributors_.empty() || (options_.mode == Mode::Sync && pause_step_ != version_))
+      throw CommError(describe_server() + ": the workers announced a checkpoint at step " + std::to_string(pause_step_) +
+                      " but this server is at step " + std::to_string(version_) +
+                      (step_contributors_.empty() ? "" : " with that step half gathered") +
+                      "; every worker must announce the step it holds (with backup workers: use one server)");
     if (at_checkpoint) at_checkpoint(pause_step_);
     std::fill(paused_.begin(), paused_.end(), false);
   }

@@ -138,7 +138,9 @@ Worker::PushResult Worker::exchange(int kind_value, double lr, int32_t flags) {
       throw CommError(who("a message from") + ": expected " + to_string(expected) + " but got " +
                       to_string(header.kind) + " (see Note [parameter-server messages] in src/ps/wire.h)");
     versions_[static_cast<size_t>(server)] = header.version;
-    if (server == 0) result = {.grad_norm = header.grad_norm, .skipped = (header.flags & kSkipped) != 0};  // servers agree
+    // The servers agree on a step's norm and skip (they exchange them; with
+    // backup workers only one server may use them, so those need one server).
+    if (server == 0) result = {.grad_norm = header.grad_norm, .skipped = (header.flags & kSkipped) != 0};
     const auto piece = shard_range(total_, servers, server);
     flat.narrow(0, piece.offset, piece.count).copy_(payload(reply));
   }

@@ -117,6 +117,14 @@ void check_ps_and_straggler_flags(const TrainConfig& c, int world_size) {
     if (c.backup_workers < 0 || (c.backup_workers > 0 && c.backup_workers >= workers))
       fail("--backup-workers " + std::to_string(c.backup_workers) + " must be at least 0 and below the " +
            std::to_string(workers) + " workers");
+    // Note [backup workers]: each server takes its own first W - k pushes,
+    // so two servers may close a step with different workers; they then
+    // cannot agree on a checkpoint's step, a step's norm or a skip.
+    if (c.backup_workers > 0 && c.servers > 1 &&
+        (!c.checkpoint_dir.empty() || c.grad_clip > 0 || c.on_nonfinite == "skip"))
+      fail("--backup-workers with --servers " + std::to_string(c.servers) +
+           ": each server closes a step with its own first workers, so the servers cannot agree on a "
+           "checkpoint, --grad-clip or --on-nonfinite skip; use --servers 1 or leave those out");
     if (c.batch_size < workers)
       fail("--batch-size " + std::to_string(c.batch_size) + " is the global batch, split over " +
            std::to_string(workers) + " workers: it must be at least the number of workers");

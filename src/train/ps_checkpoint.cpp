@@ -35,12 +35,11 @@ HeldModel ps_worker_held(torch::nn::Module& module, const ps::Group& group, cons
     // load too, and this worker's copy agrees with theirs.
     for (const auto& item : module.named_parameters(true)) held.tensors.push_back(whole(item.key(), item.value()));
   }
-  for (const auto& item : module.named_buffers(true)) {
-    HeldTensor buffer = whole(item.key(), item.value());
-    buffer.replicas = group.workers();
-    buffer.replica = group.worker_index();
-    held.tensors.push_back(buffer);
-  }
+  // Buffers: the workers never exchange them (a BatchNorm's running
+  // statistics differ per worker), so worker 0's are saved, whole; every
+  // worker loads them.
+  if (use == HeldFor::Loading || group.worker_index() == 0)
+    for (const auto& item : module.named_buffers(true)) held.tensors.push_back(whole(item.key(), item.value()));
   return held;
 }
 

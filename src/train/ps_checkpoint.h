@@ -1,9 +1,9 @@
 // Checkpoints of a parameter-server run (--strategy ps-*): what each rank
 // writes and reads (Note [parameter-server checkpoints] in src/ps/server.cpp).
 // The servers hold the parameters and the optimizer state, as slices of the
-// flat parameter vector; the workers hold the buffers (replicated, so each
-// writes a 1/W share) and, when loading, read the whole model, as a DDP
-// replica would. The result is an ordinary sharded checkpoint: it loads into
+// flat parameter vector; worker 0 writes the buffers (the workers do not
+// exchange them), and every worker, when loading, reads the whole model, as
+// a DDP replica would. The result is an ordinary sharded checkpoint: it loads into
 // any strategy at any world size, and any checkpoint loads into it.
 #pragma once
 

@@ -156,6 +156,11 @@ ParameterServerRun::ParameterServerRun(const TrainConfig& config, CommPtr world)
     make_sampler({});
     if (config_.steps == 0) total_ = sampler_->steps_for_epochs(config_.epochs);
   }
+  // --epochs: only the workers know the data; the servers learn the step
+  // count from worker 0 (a resume checks its checkpoint against it).
+  auto steps = torch::tensor({total_}, torch::kInt64);
+  world_->broadcast(steps, 0)->wait();
+  total_ = steps.item<int64_t>();
   // A resumed run appends to the metrics file of the run it continues.
   if (rank_ == 0 && !config_.metrics_path.empty()) metrics_ = MetricsWriter(config_.metrics_path, config_.resume);
 
