@@ -1,8 +1,9 @@
 // --strategy ps-sync | ps-async | ps-ssp: training through the parameter
 // server (include/dtrain/ps.h) instead of a Strategy that wraps the model.
 //
-// The last config.servers ranks run ps::serve; the others are workers that
-// run the step loop through a ps::Worker on their part of each global batch
+// The last config.servers ranks run a ps::Server; the others are workers that
+// run the shared StepLoop (step_loop.h) through a ps::Worker, whose push and
+// pull is a step's update, on their part of each global batch
 // (data::DistributedSampler over the workers only). The loss scaling is Note
 // [global batch loss]'s with W = the number of workers.
 //
