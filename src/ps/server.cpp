@@ -59,9 +59,7 @@ class Server::Impl {
     piece_ = shard_range(initial.numel(), group_.servers(), group_.server_index());
     piece_tensor_ = initial.narrow(0, piece_.offset, piece_.count).clone();
     make_slices(parameters);
-    std::vector<torch::Tensor> values;
-    for (const auto& slice : slices_) values.push_back(slice.values);
-    optimizer_ = make_optimizer(values);
+    optimizer_ = make_optimizer(slice_values());
     if (!optimizer_) throw std::invalid_argument("parameter server: the optimizer factory returned null");
   }
 
@@ -220,9 +218,7 @@ class Server::Impl {
   // these all-reduces pair up.
   void agree_on_step(int32_t flags) {
     const double bound = options_.max_grad_norm > 0 ? options_.max_grad_norm : INFINITY;
-    std::vector<torch::Tensor> values;
-    for (const auto& slice : slices_) values.push_back(slice.values);
-    step_grad_norm_ = clip_grad_norm(values, bound, 2.0, group_.servers_comm().get());
+    step_grad_norm_ = clip_grad_norm(slice_values(), bound, 2.0, group_.servers_comm().get());
     if (!options_.skip_nonfinite) return;
     // A contributor's loss was not finite on some server's list: all skip.
     auto any = torch::tensor({(flags & kNonfiniteLoss) ? 1.0 : 0.0}, torch::kFloat64);
@@ -241,10 +237,20 @@ class Server::Impl {
     report_.records.push_back(record);
   }
 
-  // The slices' gradients: views of `gradient` (this server's piece).
+  // The slices' gradients: views of `gradient` (this server's piece, which
+  // the slices tile in order).
   void set_gradients(const torch::Tensor& gradient) {
-    for (auto& slice : slices_)
-      slice.values.mutable_grad() = gradient.narrow(0, slice_offset(slice), slice.end - slice.begin);
+    int64_t offset = 0;
+    for (auto& slice : slices_) {
+      slice.values.mutable_grad() = gradient.narrow(0, offset, slice.end - slice.begin);
+      offset += slice.end - slice.begin;
+    }
+  }
+
+  std::vector<torch::Tensor> slice_values() const {
+    std::vector<torch::Tensor> values;
+    for (const auto& slice : slices_) values.push_back(slice.values);
+    return values;
   }
 
   void apply(double lr) {
@@ -265,13 +271,9 @@ class Server::Impl {
         torch::Tensor values = piece_tensor_.narrow(0, lo - piece_.offset, hi - lo);
         values.set_requires_grad(true);
         slices_.push_back({.index = i, .begin = lo - offset, .end = hi - offset, .values = values});
-        slice_offsets_.push_back(lo - piece_.offset);
       }
       offset += numel;
     }
-  }
-  int64_t slice_offset(const ServerSlice& slice) const {
-    return slice_offsets_[static_cast<size_t>(&slice - slices_.data())];
   }
 
   bool all_running_paused() const {
@@ -376,8 +378,7 @@ class Server::Impl {
   const int workers_;
   ShardRange piece_;
   torch::Tensor piece_tensor_;  // this server's piece of the flat parameters
-  std::vector<ServerSlice> slices_;    // views of it, one per parameter
-  std::vector<int64_t> slice_offsets_;  // where each slice starts in the piece
+  std::vector<ServerSlice> slices_;  // views of it, one per parameter, in order
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   int64_t version_ = 0;
   std::vector<int64_t> clocks_;  // pushes received from each worker

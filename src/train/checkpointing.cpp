@@ -3,7 +3,6 @@
 #include "checkpoint/fault_injection.h"
 #include "checkpoint/rank_agreement.h"
 #include "dtrain/checkpoint.h"
-#include "train/strategy.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/types.h>
@@ -125,24 +124,6 @@ void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep
   for (size_t rank = 0; rank < states.size(); ++rank) extra[rng_key(static_cast<int>(rank))] = states[rank];
   save(checkpoint_path(dir, step), step, extra);
   if (world->rank() == 0) prune_checkpoints(dir, keep_last);
-}
-
-void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep_last, Strategy& strategy,
-                              torch::optim::Optimizer& optimizer, const CommPtr& world,
-                              std::map<std::string, std::string> extra) {
-  save_training_checkpoint(
-      dir, step, keep_last,
-      [&](const std::string& path, int64_t at, const std::map<std::string, std::string>& all) {
-        strategy.save(path, optimizer, at, all);
-      },
-      world, std::move(extra));
-}
-
-std::optional<CheckpointManifest> resume_from_latest(const std::string& dir, Strategy& strategy,
-                                                     torch::optim::Optimizer& optimizer, const CommPtr& world,
-                                                     std::vector<std::string>* rejected) {
-  return resume_from_latest(dir, [&](const std::string& path) { return strategy.load(path, optimizer); }, world,
-                            rejected);
 }
 
 std::optional<CheckpointManifest> resume_from_latest(const std::string& dir, const LoadCheckpoint& load,

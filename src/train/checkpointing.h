@@ -18,13 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace torch::optim {
-class Optimizer;
-}
-
 namespace dtrain::train {
-
-class Strategy;
 
 // DIR/step-NNNNNNNN (eight digits, so names sort by step).
 std::string checkpoint_path(const std::string& dir, int64_t step);
@@ -55,22 +49,16 @@ using LoadCheckpoint = std::function<CheckpointManifest(const std::string& path)
 // checkpoints already in `dir` are then untouched.
 void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep_last, const SaveCheckpoint& save,
                               const CommPtr& world, std::map<std::string, std::string> extra);
-void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep_last, Strategy& strategy,
-                              torch::optim::Optimizer& optimizer, const CommPtr& world,
-                              std::map<std::string, std::string> extra);
 
 // Collective. Loads the newest valid checkpoint in `dir` (rank 0 lists the
 // candidates, every rank tries the same ones in turn; one whose checksums do
-// not match is passed over) into `strategy` and `optimizer`, and restores
+// not match is passed over) through `load`, and restores
 // this rank's random state when the checkpoint has the same world size.
 // Returns its manifest, or nullopt when `dir` holds none; throws
 // std::runtime_error on every rank when it holds some but none loads.
 // `rejected` (rank 0) gets the newer directories passed over and why.
 std::optional<CheckpointManifest> resume_from_latest(const std::string& dir, const LoadCheckpoint& load,
                                                      const CommPtr& world, std::vector<std::string>* rejected);
-std::optional<CheckpointManifest> resume_from_latest(const std::string& dir, Strategy& strategy,
-                                                     torch::optim::Optimizer& optimizer, const CommPtr& world,
-                                                     std::vector<std::string>* rejected);
 
 // The CPU generator's state (dropout masks, ...) as hex text, and back.
 std::string cpu_rng_state();
