@@ -11,6 +11,7 @@
 
 #include "dtrain/comm.h"
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +43,12 @@ class Backend {
   virtual void recv(torch::Tensor& tensor, int src, int tag) = 0;
   // Collective; returns nullptr on ranks that pass color < 0.
   virtual std::unique_ptr<Backend> split(int color, int key) = 0;
+
+  // The count of threads blocked in Work::wait() on this backend's
+  // communicator (CommThread::waiters()), for backends that pace their
+  // waits by it (Note [waiting without spinning]). Set once, before the
+  // first operation.
+  virtual void watch_waiters(const std::atomic<int>* /*waiters*/) {}
 
   // Called by the watchdog when an operation is stuck: terminate the whole job
   // (every rank), not only this process. Must not return.

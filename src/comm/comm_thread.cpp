@@ -1,5 +1,9 @@
 #include "comm/comm_thread.h"
 
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
 namespace dtrain {
 
 CommThread::CommThread() : thread_([this] { loop(); }) {}
@@ -36,6 +40,11 @@ CommThread::Running CommThread::running() const {
 
 void CommThread::loop() {
   trace::set_thread_name("comm");
+#ifdef __linux__
+  // Short sleeps between tests of an operation (completion_wait.h) should
+  // last about as long as asked, not the default 50 us of timer slack more.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+#endif
   std::unique_lock lock(mutex_);
   for (;;) {
     work_available_.wait(lock, [this] { return !executing_ && (stopping_ || !queue_.empty()); });
@@ -45,6 +54,11 @@ void CommThread::loop() {
 }
 
 void CommThread::run_through(uint64_t seq) {
+  waiters_.fetch_add(1, std::memory_order_relaxed);
+  struct Leave {
+    std::atomic<int>& waiters;
+    ~Leave() { waiters.fetch_sub(1, std::memory_order_relaxed); }
+  } leave{waiters_};
   std::unique_lock lock(mutex_);
   while (finished_ <= seq) {
     if (!executing_ && !queue_.empty()) run_front(lock);

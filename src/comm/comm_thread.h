@@ -13,6 +13,7 @@
 #include "comm/work.h"
 #include "dtrain/trace.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -58,6 +59,12 @@ class CommThread {
   // What runs right now; the watchdog polls this.
   Running running() const;
 
+  // How many threads are blocked in Work::wait() on this communicator's
+  // operations right now: an operation that someone waits for is on the
+  // critical path, and its backend waits for it without pausing (Note
+  // [waiting without spinning] in completion_wait.h).
+  const std::atomic<int>* waiters() const { return &waiters_; }
+
  private:
   struct Task {
     uint64_t seq;
@@ -84,6 +91,7 @@ class CommThread {
   bool executing_ = false;
   uint64_t next_seq_ = 0;
   uint64_t finished_ = 0;  // operations 0 .. finished_-1 have finished
+  std::atomic<int> waiters_{0};
   Running running_;
   // After the first failure every later operation fails at once with this
   // message: a half-completed collective leaves ranks out of step, and going

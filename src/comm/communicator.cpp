@@ -16,6 +16,7 @@ namespace dtrain {
 Communicator::Impl::Impl(std::unique_ptr<Backend> backend_in, std::chrono::milliseconds timeout_in, bool debug_in)
     : backend(std::move(backend_in)), timeout(timeout_in), debug(debug_in),
       thread(std::make_unique<CommThread>()) {
+  backend->watch_waiters(thread->waiters());
   Backend* raw = backend.get();
   watchdog = std::make_unique<Watchdog>(*thread, timeout, [raw](const std::string& what) {
     std::cerr << "dtrain: rank " << raw->rank() << " of " << raw->size() << " (" << raw->name()

@@ -2,7 +2,10 @@
 // operation maps onto MPI's own collective (MPI_Allreduce, MPI_Allgather[v],
 // MPI_Reduce_scatter[_block], MPI_Bcast), so OpenMPI's tuned algorithms do the
 // work. Each communicator has its own thread, hence MPI_THREAD_MULTIPLE.
+// Operations that may overlap compute are issued non-blocking and completed
+// by a test loop that does not spin (Note [waiting without spinning]).
 #include "comm/backend.h"
+#include "comm/completion_wait.h"
 #include "comm/debug_check.h"
 
 #include <mpi.h>
@@ -101,7 +104,8 @@ MPI_Op mpi_op(BackendReduce op) {
 class MpiBackend final : public Backend {
  public:
   // Takes ownership of `comm` (a dup or a split, never MPI_COMM_WORLD itself).
-  MpiBackend(std::shared_ptr<MpiRuntime> runtime, MPI_Comm comm) : runtime_(std::move(runtime)), comm_(comm) {
+  MpiBackend(std::shared_ptr<MpiRuntime> runtime, MPI_Comm comm, WaitSettings wait)
+      : runtime_(std::move(runtime)), comm_(comm), wait_(wait) {
     // Errors come back as return codes (turned into CommError) rather than
     // aborting inside MPI with a less helpful message.
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -116,6 +120,8 @@ class MpiBackend final : public Backend {
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
 
+  void watch_waiters(const std::atomic<int>* waiters) override { waiters_ = waiters; }
+
   std::optional<std::string> why_unsupported(const torch::Tensor& t) const override {
     if (!t.is_cpu()) return "is a CUDA tensor; the mpi backend moves CPU tensors only (use --backend c10d, NCCL)";
     if (t.numel() > INT_MAX) return "has more than 2^31-1 elements, MPI's count limit (split it)";
@@ -123,57 +129,126 @@ class MpiBackend final : public Backend {
   }
 
   void all_reduce(torch::Tensor& tensor, BackendReduce op) override {
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), checked_count(tensor.numel()),
-                            reduce_type(tensor.scalar_type()), mpi_op(op), comm_),
-              "MPI_Allreduce");
+    const int count = checked_count(tensor.numel());
+    const MPI_Datatype type = reduce_type(tensor.scalar_type());
+    if (!nonblocking(tensor.nbytes())) {
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), count, type, mpi_op(op), comm_), "MPI_Allreduce");
+      return;
+    }
+    MPI_Request request;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), count, type, mpi_op(op), comm_, &request),
+              "MPI_Iallreduce");
+    complete(request, "MPI_Iallreduce");
   }
 
   void all_gather(const torch::Tensor& shard, torch::Tensor& full) override {
     const MPI_Datatype type = transport_type(full);
+    const bool issue_nonblocking = nonblocking(full.nbytes());
+    MPI_Request request;
     if (full.numel() % size_ == 0) {
       const int count = checked_count(shard.numel());
-      check_mpi(MPI_Allgather(shard.data_ptr(), count, type, full.data_ptr(), count, type, comm_),
-                "MPI_Allgather");
+      if (!issue_nonblocking) {
+        check_mpi(MPI_Allgather(shard.data_ptr(), count, type, full.data_ptr(), count, type, comm_),
+                  "MPI_Allgather");
+        return;
+      }
+      check_mpi(MPI_Iallgather(shard.data_ptr(), count, type, full.data_ptr(), count, type, comm_, &request),
+                "MPI_Iallgather");
+      complete(request, "MPI_Iallgather");
       return;
     }
     std::vector<int> counts, offsets;
     uneven_layout(full.numel(), counts, offsets);
-    check_mpi(MPI_Allgatherv(shard.data_ptr(), checked_count(shard.numel()), type, full.data_ptr(), counts.data(),
-                             offsets.data(), type, comm_),
-              "MPI_Allgatherv");
+    const int count = checked_count(shard.numel());
+    if (!issue_nonblocking) {
+      check_mpi(MPI_Allgatherv(shard.data_ptr(), count, type, full.data_ptr(), counts.data(), offsets.data(), type,
+                               comm_),
+                "MPI_Allgatherv");
+      return;
+    }
+    check_mpi(MPI_Iallgatherv(shard.data_ptr(), count, type, full.data_ptr(), counts.data(), offsets.data(), type,
+                              comm_, &request),
+              "MPI_Iallgatherv");
+    complete(request, "MPI_Iallgatherv");
   }
 
   void reduce_scatter(const torch::Tensor& full, torch::Tensor& shard, BackendReduce op) override {
     const MPI_Datatype type = reduce_type(full.scalar_type());
+    const bool issue_nonblocking = nonblocking(full.nbytes());
+    MPI_Request request;
     if (full.numel() % size_ == 0) {
-      check_mpi(MPI_Reduce_scatter_block(full.data_ptr(), shard.data_ptr(), checked_count(shard.numel()), type,
-                                         mpi_op(op), comm_),
-                "MPI_Reduce_scatter_block");
+      const int count = checked_count(shard.numel());
+      if (!issue_nonblocking) {
+        check_mpi(MPI_Reduce_scatter_block(full.data_ptr(), shard.data_ptr(), count, type, mpi_op(op), comm_),
+                  "MPI_Reduce_scatter_block");
+        return;
+      }
+      check_mpi(MPI_Ireduce_scatter_block(full.data_ptr(), shard.data_ptr(), count, type, mpi_op(op), comm_,
+                                          &request),
+                "MPI_Ireduce_scatter_block");
+      complete(request, "MPI_Ireduce_scatter_block");
       return;
     }
     std::vector<int> counts, offsets;
     uneven_layout(full.numel(), counts, offsets);
-    check_mpi(MPI_Reduce_scatter(full.data_ptr(), shard.data_ptr(), counts.data(), type, mpi_op(op), comm_),
-              "MPI_Reduce_scatter");
+    if (!issue_nonblocking) {
+      check_mpi(MPI_Reduce_scatter(full.data_ptr(), shard.data_ptr(), counts.data(), type, mpi_op(op), comm_),
+                "MPI_Reduce_scatter");
+      return;
+    }
+    check_mpi(MPI_Ireduce_scatter(full.data_ptr(), shard.data_ptr(), counts.data(), type, mpi_op(op), comm_,
+                                  &request),
+              "MPI_Ireduce_scatter");
+    complete(request, "MPI_Ireduce_scatter");
   }
 
   void broadcast(torch::Tensor& tensor, int root) override {
-    check_mpi(MPI_Bcast(tensor.data_ptr(), checked_count(tensor.numel()), transport_type(tensor), root, comm_),
-              "MPI_Bcast");
+    const int count = checked_count(tensor.numel());
+    if (!nonblocking(tensor.nbytes())) {
+      check_mpi(MPI_Bcast(tensor.data_ptr(), count, transport_type(tensor), root, comm_), "MPI_Bcast");
+      return;
+    }
+    MPI_Request request;
+    check_mpi(MPI_Ibcast(tensor.data_ptr(), count, transport_type(tensor), root, comm_, &request), "MPI_Ibcast");
+    complete(request, "MPI_Ibcast");
   }
 
-  void barrier() override { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+  // A barrier moves no data: all its time is waiting for the peers, the wait
+  // that should not spin.
+  void barrier() override {
+    if (wait_.mode == WaitSettings::Mode::Spin) {
+      check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
+      return;
+    }
+    MPI_Request request;
+    check_mpi(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
+    complete(request, "MPI_Ibarrier");
+  }
 
+  // Point to point: a non-blocking send or receive matches a blocking one,
+  // so these are always non-blocking under Backoff (waiting for the peer to
+  // post its side should not spin either).
   void send(const torch::Tensor& tensor, int dst, int tag) override {
-    check_mpi(MPI_Send(tensor.data_ptr(), checked_count(tensor.numel()), transport_type(tensor), dst, tag, comm_),
-              "MPI_Send");
+    const int count = checked_count(tensor.numel());
+    if (wait_.mode == WaitSettings::Mode::Spin) {
+      check_mpi(MPI_Send(tensor.data_ptr(), count, transport_type(tensor), dst, tag, comm_), "MPI_Send");
+      return;
+    }
+    MPI_Request request;
+    check_mpi(MPI_Isend(tensor.data_ptr(), count, transport_type(tensor), dst, tag, comm_, &request), "MPI_Isend");
+    complete(request, "MPI_Isend");
   }
 
   void recv(torch::Tensor& tensor, int src, int tag) override {
     MPI_Status status;
-    check_mpi(MPI_Recv(tensor.data_ptr(), checked_count(tensor.numel()), transport_type(tensor), src, tag, comm_,
-                       &status),
-              "MPI_Recv");
+    const int count = checked_count(tensor.numel());
+    if (wait_.mode == WaitSettings::Mode::Spin) {
+      check_mpi(MPI_Recv(tensor.data_ptr(), count, transport_type(tensor), src, tag, comm_, &status), "MPI_Recv");
+    } else {
+      MPI_Request request;
+      check_mpi(MPI_Irecv(tensor.data_ptr(), count, transport_type(tensor), src, tag, comm_, &request), "MPI_Irecv");
+      complete(request, "MPI_Irecv", &status);
+    }
     int received = 0;
     MPI_Get_count(&status, transport_type(tensor), &received);
     if (received != tensor.numel())
@@ -185,7 +260,7 @@ class MpiBackend final : public Backend {
     MPI_Comm child = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child), "MPI_Comm_split");
     if (child == MPI_COMM_NULL) return nullptr;
-    return std::make_unique<MpiBackend>(runtime_, child);
+    return std::make_unique<MpiBackend>(runtime_, child, wait_);
   }
 
   [[noreturn]] void abort_job(int exit_code) override {
@@ -194,6 +269,22 @@ class MpiBackend final : public Backend {
   }
 
  private:
+  bool nonblocking(size_t bytes) const {
+    return wait_.mode == WaitSettings::Mode::Backoff && static_cast<int64_t>(bytes) >= wait_.nonblocking_min_bytes;
+  }
+
+  // Tests `request` until it completes, pausing between tests as Note
+  // [waiting without spinning] says. A stuck request is the watchdog's to end.
+  void complete(MPI_Request& request, const char* call, MPI_Status* status = MPI_STATUS_IGNORE) {
+    CompletionWait wait(wait_, waiters_);
+    for (;;) {
+      int done = 0;
+      check_mpi(MPI_Test(&request, &done, status), call);
+      if (done) return;
+      wait.pause();
+    }
+  }
+
   void uneven_layout(int64_t total, std::vector<int>& counts, std::vector<int>& offsets) const {
     counts.resize(size_);
     offsets.resize(size_);
@@ -206,6 +297,8 @@ class MpiBackend final : public Backend {
 
   std::shared_ptr<MpiRuntime> runtime_;
   MPI_Comm comm_;
+  WaitSettings wait_;
+  const std::atomic<int>* waiters_ = nullptr;
   int rank_ = 0;
   int size_ = 1;
 };
@@ -218,7 +311,7 @@ std::unique_ptr<Backend> make_mpi_world_backend(int& argc, char**& argv) {
   // error handler) never match or interfere with dtrain's.
   MPI_Comm world = MPI_COMM_NULL;
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup");
-  return std::make_unique<MpiBackend>(std::move(runtime), world);
+  return std::make_unique<MpiBackend>(std::move(runtime), world, WaitSettings::from_environment());
 }
 
 }  // namespace dtrain
