@@ -113,6 +113,10 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
       ->check(CLI::IsMember({"none", "bf16", "powersgd", "topk"}))->capture_default_str();
   parallel->add_option("--mixed-precision", c.mixed_precision, "none | bf16 (sharded strategies; single and ddp: none)")
       ->check(CLI::IsMember({"none", "bf16"}))->capture_default_str();
+  parallel->add_option("--fsdp-prefetch", c.fsdp_prefetch,
+                       "zero1/zero2/fsdp/hsdp: prefetch the next unit's all-gather: on | off | auto (time both "
+                       "in the first steps, keep the faster)")
+      ->check(CLI::IsMember({"on", "off", "auto"}))->capture_default_str();
   // Parameter server and stragglers (issue 7; src/train/ps_training.h, src/train/stragglers.h).
   parallel->add_option("--servers", c.servers, "ps-*: the last S ranks are servers, the others workers")
       ->capture_default_str();

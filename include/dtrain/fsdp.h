@@ -84,6 +84,20 @@ struct FSDPOptions {
   // Recompute each unit's forward during its backward instead of keeping
   // its activations (units with one tensor input and one tensor output).
   bool activation_checkpointing = false;
+  // When > 0 (and some prefetch is on): after two warm-up steps, training
+  // steps alternate with and without prefetch, this many of each, and the
+  // run keeps whichever had the shorter median step on the slowest rank
+  // (Note [prefetch tuning] in src/fsdp/prefetch_tuner.h). 0: as configured.
+  int prefetch_tuning_steps = 0;
+};
+
+// What prefetch tuning measured and chose (FSDPOptions::prefetch_tuning_steps).
+struct FSDPPrefetchTuning {
+  bool decided = false;           // false until the trial steps are done (or with no tuning)
+  bool prefetch = true;           // the choice
+  int trial_steps = 0;            // steps timed with each setting
+  double with_prefetch_s = 0;     // median step with prefetch, slowest rank
+  double without_prefetch_s = 0;  // ... without
 };
 
 // One unit, for inspection (tests, dtrain plan, traces).
@@ -155,6 +169,9 @@ class FullyShardedBase {
   // Every parameter at full size, by name, in the parameters' dtype, plus
   // buffers. Collective; with rank0_only the other ranks get an empty map.
   std::map<std::string, torch::Tensor> full_state_dict(bool rank0_only = true);
+
+  // Whether prefetch tuning has chosen yet, what it chose and why.
+  FSDPPrefetchTuning prefetch_tuning() const;
 
   // Bytes of the sharded state this rank holds: parameter shards and their
   // gradients (not the optimizer's state, which lives in the optimizer).

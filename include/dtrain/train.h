@@ -49,6 +49,10 @@ struct TrainConfig {
   std::string strategy = "ddp";
   std::string compress = "none";  // none | bf16 | powersgd | topk
   std::string mixed_precision = "none";
+  // zero1 / zero2 / fsdp / hsdp: prefetch the next unit's all-gather "on",
+  // "off", or "auto" (measure both in the first steps and keep the faster;
+  // Note [prefetch tuning] in src/fsdp/prefetch_tuner.h).
+  std::string fsdp_prefetch = "auto";
 
   // ---- parameter server and stragglers (issue 7; src/train/ps_training.h, src/train/stragglers.h)
   int servers = 1;          // ps-*: the last S ranks serve; the other W = nproc - S train
@@ -127,6 +131,12 @@ struct TrainResult {
   // SIGINT or SIGTERM stopped the run after `steps` (a checkpoint was saved);
   // 0 = it ran to the end.
   int stopped_by_signal = 0;
+  // FSDP strategies: whether steps prefetched ("on" / "off"; "" for other
+  // strategies) and, with --fsdp-prefetch auto, the median steps that chose
+  // it (slowest rank; 0 without tuning).
+  std::string fsdp_prefetch;
+  double prefetch_with_s = 0;
+  double prefetch_without_s = 0;
 };
 
 // Runs the training described by `config` on this rank of `world`; every

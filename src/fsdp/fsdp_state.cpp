@@ -62,8 +62,14 @@ std::pair<FSDPState*, Unit*> lookup_unit(const torch::nn::Module* module) {
 }
 
 FSDPState::FSDPState(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FSDPOptions options)
-    : root_(std::move(root)), comm_(std::move(comm)), options_(std::move(options)) {
+    : root_(std::move(root)), comm_(std::move(comm)), options_(std::move(options)),
+      tuner_(options_.forward_prefetch || options_.backward_prefetch != BackwardPrefetch::None
+                 ? options_.prefetch_tuning_steps
+                 : 0) {
   if (!root_) throw std::invalid_argument("FSDP: the module is null");
+  if (options_.prefetch_tuning_steps < 0) {
+    throw std::invalid_argument("FSDP: prefetch_tuning_steps must be 0 (off) or positive");
+  }
   if (!comm_) throw std::invalid_argument("FSDP: the communicator is null; pass the one dtrain::init() returned");
   if (options_.max_inflight_all_gathers < 1) {
     throw std::invalid_argument("FSDP: max_inflight_all_gathers must be at least 1");
@@ -272,12 +278,13 @@ torch::Tensor FSDPState::forward_root(const std::function<torch::Tensor()>& forw
     unit->reset_to_idle();
   }
   inflight_gathers_ = 0;
+  prefetching_ = c10::GradMode::is_enabled() ? tuner_.begin_training_forward(*comm_) : tuner_.current();
   in_root_forward_ = true;
   this_forward_.clear();
   Unit& root = *units_[0];
   root.begin_forward();
   if (root.start_unshard()) ++inflight_gathers_;
-  if (options_.forward_prefetch && !forward_order_.empty()) prefetch(forward_order_.front());
+  if (prefetching_ && options_.forward_prefetch && !forward_order_.empty()) prefetch(forward_order_.front());
   consume(root, inflight_gathers_);
 
   torch::Tensor output;
@@ -335,7 +342,7 @@ torch::Tensor FSDPState::forward_unit(Unit& unit, const std::function<torch::Ten
   unit.begin_forward();
   this_forward_.push_back(&unit);
   if (unit.start_unshard()) ++inflight_gathers_;
-  if (options_.forward_prefetch) prefetch(neighbour_in_order(unit, +1));
+  if (prefetching_ && options_.forward_prefetch) prefetch(neighbour_in_order(unit, +1));
   consume(unit, inflight_gathers_);
 
   const auto unit_input = to_compute_dtype(input);
@@ -370,7 +377,7 @@ void FSDPState::pre_backward(Unit& unit) {
   unit.backward_started_ns = trace::enabled() ? trace::now_ns() : -1;
   unit.stash_shard_gradients();
   if (unit.start_unshard()) ++inflight_gathers_;
-  if (options_.backward_prefetch == BackwardPrefetch::Pre) prefetch(neighbour_in_order(unit, -1));
+  if (prefetching_ && options_.backward_prefetch == BackwardPrefetch::Pre) prefetch(neighbour_in_order(unit, -1));
   consume(unit, inflight_gathers_);
   unit.begin_backward();
 }
@@ -385,7 +392,7 @@ void FSDPState::on_gradient_ready(Unit& unit, size_t parameter) {
   if (reduce_now) reduce_order_.push_back(&unit);
   unit.end_backward();
   unit.reshard(free_after_backward());
-  if (options_.backward_prefetch == BackwardPrefetch::Post) prefetch(neighbour_in_order(unit, -1));
+  if (prefetching_ && options_.backward_prefetch == BackwardPrefetch::Post) prefetch(neighbour_in_order(unit, -1));
   end_backward_span(unit);
 }
 

@@ -2,6 +2,7 @@
 // prefetching, and the end of backward. See Note [FSDP units] in unit.h.
 #pragma once
 
+#include "fsdp/prefetch_tuner.h"
 #include "fsdp/unit.h"
 
 #include <dtrain/deferred_init.h>
@@ -38,6 +39,7 @@ class FSDPState {
   Communicator& shard_group() const { return *shard_group_; }
   const std::shared_ptr<torch::nn::Module>& root() const { return root_; }
   std::vector<std::unique_ptr<Unit>>& units() { return units_; }  // units_[0] is the root
+  const FSDPPrefetchTuning& prefetch_tuning() const { return tuner_.result(); }
 
  private:
   void build_groups();
@@ -82,6 +84,8 @@ class FSDPState {
   std::vector<Unit*> reduce_order_;        // units whose reduction started, in issue order
   size_t reductions_waited_ = 0;           // reduce_order_[0 .. this) have finished
   int inflight_gathers_ = 0;
+  PrefetchTuner tuner_;
+  bool prefetching_ = true;  // this step's choice (tuner_); options_ say which prefetches exist
 };
 
 // The engine and unit registered for `module` ({nullptr, nullptr} if none).

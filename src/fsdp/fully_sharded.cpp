@@ -91,6 +91,8 @@ std::vector<FSDPParameterShard> FullyShardedBase::parameter_shards() const {
 
 const std::shared_ptr<torch::nn::Module>& FullyShardedBase::root_module() const { return state_->root(); }
 
+FSDPPrefetchTuning FullyShardedBase::prefetch_tuning() const { return state_->prefetch_tuning(); }
+
 int64_t FullyShardedBase::sharded_parameter_bytes() const {
   int64_t bytes = 0;
   for (const auto& unit : state_->units()) {

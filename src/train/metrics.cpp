@@ -31,6 +31,10 @@ nlohmann::ordered_json final_record(const TrainConfig& config, const TrainResult
           {"peak_rss_bytes", result.peak_rss_bytes},
           {"resumed_from_step", result.resumed_from_step},
           {"skipped_steps", result.skipped_steps},
+          {"fsdp_prefetch", result.fsdp_prefetch.empty() ? nlohmann::ordered_json(nullptr)
+                                                          : nlohmann::ordered_json{{"prefetch", result.fsdp_prefetch},
+                                                                                   {"with_s", result.prefetch_with_s},
+                                                                                   {"without_s", result.prefetch_without_s}}},
           {"stopped_by", result.stopped_by_signal != 0 ? nlohmann::ordered_json(signal_name(result.stopped_by_signal))
                                                        : nlohmann::ordered_json(nullptr)}};
 }

@@ -70,6 +70,19 @@ std::string checkpoint_line(const std::string& dir, int64_t step) {
   return "checkpoint: step " + std::to_string(step) + " saved in " + checkpoint_path(dir, step);
 }
 
+std::string prefetch_line(const TrainConfig& config, const TrainResult& result) {
+  std::string line = "fsdp prefetch: " + result.fsdp_prefetch;
+  if (result.prefetch_with_s <= 0 && result.prefetch_without_s <= 0) {
+    return line + (config.fsdp_prefetch == "auto" ? " (the run ended before --fsdp-prefetch auto had timed its 2 "
+                                                    "warm-up and 6 trial steps)"
+                                                  : " (--fsdp-prefetch " + config.fsdp_prefetch + ")");
+  }
+  char medians[160];
+  std::snprintf(medians, sizeof medians, " (tuned: median step %.4f s with prefetch, %.4f s without, slowest rank)",
+                result.prefetch_with_s, result.prefetch_without_s);
+  return line + medians;
+}
+
 std::string skipped_line(int64_t step, double loss, double grad_norm) {
   return "step " + std::to_string(step) + " skipped: the loss is " + std::to_string(loss) +
          (std::isfinite(grad_norm) ? "" : ", the gradient norm " + std::to_string(grad_norm));

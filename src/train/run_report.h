@@ -33,6 +33,8 @@ nlohmann::ordered_json eval_record(int64_t step, const Evaluation& e);
 std::string eval_line(int64_t step, const Evaluation& e);
 // "checkpoint: step 100 saved in ckpt/step-00000100"
 std::string checkpoint_line(const std::string& dir, int64_t step);
+// "fsdp prefetch: off (tuned: median step 0.612 s with, 0.598 s without, slowest rank)".
+std::string prefetch_line(const TrainConfig& config, const TrainResult& result);
 // "step 5 skipped: the loss is nan[, the gradient norm inf]"
 std::string skipped_line(int64_t step, double loss, double grad_norm);
 // "balance: after step 20 the local batches are 40 | 24 (by measured samples/s)"

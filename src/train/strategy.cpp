@@ -90,6 +90,13 @@ class FullySharded final : public Strategy {
   }
   std::vector<torch::Tensor> optimizer_parameters() override { return fsdp_.parameters(); }
   double clip_grad_norm(double max_norm) override { return dtrain::clip_grad_norm(fsdp_, max_norm); }
+  std::optional<FSDPPrefetchTuning> prefetch_tuning() const override {
+    auto tuning = fsdp_.prefetch_tuning();
+    const auto& options = fsdp_.options();
+    // Without tuning, the configured setting is the choice.
+    if (!tuning.decided) tuning.prefetch = options.forward_prefetch || options.backward_prefetch != BackwardPrefetch::None;
+    return tuning;
+  }
   void save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step,
             const std::map<std::string, std::string>& extra) override {
     save_checkpoint(dir, fsdp_, &optimizer, step, extra);
@@ -122,6 +129,13 @@ FSDPOptions fsdp_options(const StrategyOptions& options, int world_size) {
   fsdp.strategy = strategy_info(options.name).sharding;
   fsdp.hybrid_group_size = (world_size % 2 == 0 && world_size >= 4) ? world_size / 2 : world_size;
   if (options.mixed_precision == "bf16") fsdp.mixed_precision.param_dtype = torch::kBFloat16;
+  if (options.fsdp_prefetch == "off") {
+    fsdp.forward_prefetch = false;
+    fsdp.backward_prefetch = BackwardPrefetch::None;
+  }
+  // Three steps of each after two warm-up steps: enough for a median that a
+  // single disturbed step does not decide (Note [prefetch tuning]).
+  if (options.fsdp_prefetch == "auto") fsdp.prefetch_tuning_steps = 3;
   return fsdp;
 }
 
@@ -139,6 +153,15 @@ void check_strategy(const StrategyOptions& options, int world_size) {
     throw std::invalid_argument("--compress " + options.compress + " compresses DDP's gradient all-reduce: it needs --strategy " +
                                 strategy_list([](const StrategyInfo& r) { return r.compression; }) + ", not " +
                                 options.name);
+  if (options.fsdp_prefetch != "on" && options.fsdp_prefetch != "off" && options.fsdp_prefetch != "auto")
+    throw std::invalid_argument("--fsdp-prefetch '" + options.fsdp_prefetch + "' is not one of on, off, auto");
+  // "auto" is the default for every strategy; an explicit on/off asks for
+  // something only the FSDP engine does.
+  if (options.fsdp_prefetch != "auto" && row.engine != StrategyEngine::FSDP)
+    throw std::invalid_argument("--fsdp-prefetch " + options.fsdp_prefetch +
+                                " sets the FSDP engine's all-gather prefetch: it needs --strategy " +
+                                strategy_list([](const StrategyInfo& r) { return r.engine == StrategyEngine::FSDP; }) +
+                                ", not " + options.name);
   if (options.mixed_precision != "none" && options.mixed_precision != "bf16")
     throw std::invalid_argument("--mixed-precision '" + options.mixed_precision + "' is not one of none, bf16");
   // Note: bf16 compute with fp32 master weights belongs to the sharded

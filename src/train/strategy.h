@@ -14,6 +14,7 @@
 #include <torch/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,8 @@ class Strategy {
   // of backward waiting on its buckets; 0 where unknown). --slow-rank and
   // --balance subtract it to time this rank's own compute.
   virtual double last_backward_wait_s() const { return 0; }
+  // FSDP strategies: what prefetch tuning chose (TrainResult::fsdp_prefetch).
+  virtual std::optional<FSDPPrefetchTuning> prefetch_tuning() const { return std::nullopt; }
 
   // Collective: a sharded checkpoint of the model and `optimizer` at `step`
   // in `dir` (dtrain::save_checkpoint), and loading one saved by any
@@ -63,6 +66,7 @@ struct StrategyOptions {
   std::string name = "single";
   std::string compress = "none";         // ddp: a comm hook (dtrain::hooks::by_name)
   std::string mixed_precision = "none";
+  std::string fsdp_prefetch = "auto";    // zero1 / zero2 / fsdp / hsdp: on | off | auto
 };
 
 // zero1 / zero2 / fsdp / hsdp as the FSDPOptions wrap_model uses on

@@ -153,7 +153,8 @@ void DataParallelRun::build() {
   torch::manual_seed(config_.seed);  // the same weights on every rank
   model_ = train::build_model(config_, deferred);
   strategy_ = train::wrap_model(
-      model_, {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision},
+      model_, {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision,
+               .fsdp_prefetch = config_.fsdp_prefetch},
       world_);
   if (!config_.init_from.empty()) {
     memory::set_phase("load of --init-from " + config_.init_from);
@@ -320,6 +321,11 @@ void DataParallelRun::finish(double train_seconds) {
     result_.eval_accuracy = final_eval_->accuracy;
   }
   result_.step_time_s_median = median(loop_->step_times());
+  if (const auto tuning = strategy_->prefetch_tuning()) {
+    result_.fsdp_prefetch = tuning->prefetch ? "on" : "off";
+    result_.prefetch_with_s = tuning->with_prefetch_s;
+    result_.prefetch_without_s = tuning->without_prefetch_s;
+  }
   result_.step_peak_bytes = *std::max_element(peaks_.begin(), peaks_.end());
   for (int r = 0; r < world_size_; ++r) {
     const auto start = static_cast<int64_t>(construction_peaks_[r].item<double>());
@@ -370,6 +376,7 @@ void DataParallelRun::print_summary(double train_seconds) const {
        << " s); peak memory per rank " << train::per_rank_bytes(result_.peak_memory_bytes_per_rank) << ", peak RSS "
        << train::format_bytes(result_.peak_rss_bytes) << "\n";
   if (auto memory = train::memory_summary(config_, world_size_, result_)) text << *memory << "\n";
+  if (!result_.fsdp_prefetch.empty()) text << train::prefetch_line(config_, result_) << "\n";
   std::cout << text.str() << std::flush;
 }
 

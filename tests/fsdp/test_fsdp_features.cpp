@@ -97,6 +97,51 @@ TEST(Prefetch, EverySettingGivesBitIdenticalTraining) {
   }
 }
 
+// Prefetch tuning (Note [prefetch tuning]): after 2 warm-up steps and 2 x 2
+// trial steps it decides, every rank the same way, with positive medians;
+// an evaluation forward in between changes nothing; and training is bitwise
+// that of prefetch left on.
+TEST(Prefetch, TuningDecidesTheSameOnEveryRankAndChangesNoArithmetic) {
+  std::vector<std::map<std::string, torch::Tensor>> results;
+  for (int tuned = 0; tuned < 2; ++tuned) {
+    torch::manual_seed(3);
+    dtrain::models::GPT model(tiny_gpt_config());
+    dtrain::FSDPOptions options;
+    options.prefetch_tuning_steps = tuned ? 2 : 0;
+    auto fsdp = dtrain::fully_shard(model, world_ptr(), options);
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+    constexpr int kSteps = 9;  // 2 warm-up + 4 trial, the 7th forward decides
+    for (int step = 0; step < kSteps; ++step) {
+      const auto mine = ddp_test::local_part(token_batch(step, 12), world());
+      if (step == 3) {
+        torch::NoGradGuard no_grad;  // evaluation is not a trial step
+        fsdp(mine.inputs);
+      }
+      EXPECT_EQ(fsdp.prefetch_tuning().decided, tuned && step >= 7) << "step " << step;
+      optimizer.zero_grad();
+      gpt_loss(fsdp(mine.inputs), mine.targets).backward();
+      optimizer.step();
+    }
+    const auto tuning = fsdp.prefetch_tuning();
+    if (tuned) {
+      EXPECT_EQ(tuning.trial_steps, 2);
+      EXPECT_GT(tuning.with_prefetch_s, 0);
+      EXPECT_GT(tuning.without_prefetch_s, 0);
+      EXPECT_EQ(tuning.prefetch, tuning.with_prefetch_s <= tuning.without_prefetch_s);
+      auto choices = torch::tensor({tuning.prefetch ? 1.0 : 0.0, tuning.with_prefetch_s, tuning.without_prefetch_s},
+                                   torch::kFloat64);
+      auto lowest = choices.clone();
+      world().all_reduce(choices, dtrain::ReduceOp::Max)->wait();
+      world().all_reduce(lowest, dtrain::ReduceOp::Min)->wait();
+      EXPECT_TRUE(torch::equal(choices, lowest)) << "ranks decided differently";
+    }
+    results.push_back(fsdp.full_state_dict(/*rank0_only=*/false));
+  }
+  for (const auto& [name, value] : results[0]) {
+    EXPECT_TRUE(torch::equal(value, results[1].at(name))) << name;
+  }
+}
+
 // bf16 compute and all-gather, fp32 reduction and master weights: the loss
 // follows the fp32 run within 0.02 (about 0.4% of ~5.5) over 20 steps.
 TEST(MixedPrecision, Bf16TracksFp32) {
