@@ -1,5 +1,7 @@
 #include "bench_collectives.h"
 
+#include "relaunch.h"
+
 #include "dtrain/comm.h"
 #include "common/timing.h"
 
@@ -204,6 +206,7 @@ CLI::App* add_bench_collectives_subcommand(CLI::App& bench, BenchCollectivesOpti
   command->add_option("--nproc", options.nproc, "Number of ranks")->check(CLI::PositiveNumber);
   command->add_option("--backend", options.backend, "mpi or c10d")->check(CLI::IsMember({"mpi", "c10d"}));
   command->add_option("--json", options.json_path, "Also write the results as JSON to this path");
+  add_hosts_option(*command, options.hosts);
   command->add_option("--max-bytes", options.max_bytes, "Largest message in bytes (default 256 MiB)")
       ->check(CLI::Range(int64_t{4} << 10, int64_t{4} << 30));
   return command;
