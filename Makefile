@@ -41,7 +41,7 @@ demo: build
 # (memory and speed) and straggler benchmarks, results in bench/results/, then
 # the plots (docs/img/) and the tables of docs/PERFORMANCE.md rewritten from them.
 # As root it also runs the shaped-network part (bench/network.sh, two hosts as
-# network namespaces). PARTS="ddp ps" reruns only those parts (bench/run_all.sh
+# network namespaces; 23 more minutes under a load average of 9). PARTS="ddp ps" reruns only those parts (bench/run_all.sh
 # lists them); PARTS=network only the shaped-network one.
 bench: build
 	BUILD=$(BUILD) bench/run_all.sh $(PARTS)

@@ -80,8 +80,8 @@ rate_bits() {  # rate_bits 10gbit: bits per second
   esac
 }
 
-# Sizes and steps: the full run is about 6 minutes per rate on 2 cores; the
-# quick one a smoke run of under 2 minutes.
+# Sizes and steps: the full run took 10-13 minutes per rate on 2 cores under
+# a load average of 9 (2gbit the longer); --quick about 3 minutes per rate.
 if ((QUICK)); then
   MAX_BYTES=$((1 << 20)); DDP_FLAGS=(--steps 1 --rounds 1 --warmup 1)
   FSDP_FLAGS=(--speed-steps 1 --rounds 1 --warmup 1); TRACE_STEPS=2; IPERF_SECONDS=2

@@ -8,7 +8,8 @@
 #
 # network (bench/network.sh: two hosts as network namespaces, a shaped link)
 # needs root: without it the default run leaves it out, saying so, and
-# naming it prints its SKIP line and records nothing.
+# naming it prints its SKIP line and records nothing. It is not in the 12
+# minutes: it took 23 minutes for its two rates under a load average of 9.
 #
 # Each part's start, duration, command, commit and the load average when it
 # began go to bench/results/bench-run.json (a part not run keeps its entry),
