@@ -217,7 +217,7 @@ run_rate() {
   shape_link "$rate" || die "tc could not shape the link to $rate"
   measure_link "$tag"
   run_step "$tag-collectives" 900 "$DTRAIN" bench collectives --nproc 2 --backend mpi --hosts "$HOSTS" \
-    --max-bytes "$MAX_BYTES" --json "$RESULTS/$tag-collectives.json"
+    --threads-per-rank 1 --max-bytes "$MAX_BYTES" --json "$RESULTS/$tag-collectives.json"
   run_step "$tag-ddp" 1200 "$DTRAIN" bench ddp --nproc 2 --backend mpi --hosts "$HOSTS" --model all "${DDP_FLAGS[@]}" \
     --json "$RESULTS/$tag-ddp.json"
   run_step "$tag-fsdp" 1200 "$DTRAIN" bench fsdp --parts speed --backend mpi --hosts "$HOSTS" "${FSDP_FLAGS[@]}" \

@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
     // Outside a launched job a benchmark re-runs itself as the ranks of one.
     if (collectives_cmd->parsed()) {
       if (inside_launched_job()) return dtrain::cli::bench_collectives_rank(bench);
-      return dtrain::cli::relaunch_as_job(words, bench.nproc, bench.backend, /*threads_per_rank=*/0, bench.hosts);
+      return dtrain::cli::relaunch_as_job(words, bench.nproc, bench.backend, bench.threads_per_rank, bench.hosts);
     }
     if (ddp_cmd->parsed()) {
       if (inside_launched_job()) return dtrain::cli::bench_ddp_rank(bench_ddp);
