@@ -40,7 +40,9 @@ demo: build
 # About 15 minutes on 2 cores (bench/run_all.sh): the collectives, DDP, FSDP
 # (memory and speed) and straggler benchmarks, results in bench/results/, then
 # the plots (docs/img/) and the tables of docs/PERFORMANCE.md rewritten from them.
-# PARTS="ddp ps" reruns only those parts (bench/run_all.sh lists them).
+# As root it also runs the shaped-network part (bench/network.sh, two hosts as
+# network namespaces; 23 more minutes under a load average of 9). PARTS="ddp ps" reruns only those parts (bench/run_all.sh
+# lists them); PARTS=network only the shaped-network one.
 bench: build
 	BUILD=$(BUILD) bench/run_all.sh $(PARTS)
 

@@ -324,6 +324,122 @@ def block_checkpoint(results):
     return lines
 
 
+def block_network(results):
+    """bench/network.sh: per link rate, the collectives against the link, DDP and FSDP step times,
+    and the exposed communication of dtrain train's traces, then the issue's targets."""
+    index, path = results.load("network.json")
+    links = field(index, "links", path, (list,))
+    delay = field(index, "delay", path, (str,))
+    lines = ["Measured %s UTC by `%s`, commit %s (%s; load average %s when it began, %s at the end; %s cores)%s."
+             % (field(index, "started_utc", path, (str,)), field(index, "command", path, (str,)),
+                field(index, "commit", path, (str,)), duration(field(index, "seconds", path, (int,))),
+                field(index, "load_average", path, (str,)), field(index, "load_average_end", path, (str,)),
+                field(index, "cores", path, (int,)), ", a `--quick` smoke run" if index.get("quick") else "")]
+    # field() takes no bools (they would pass as numbers), so this flag is read directly.
+    if index.get("delay_applied") is not True:
+        lines[-1] += (" No delay was added: this kernel has no netem qdisc, so the link is shaped to the rate "
+                      "alone (tc tbf) and its latency is the veth's own; `%s` was asked for." % delay)
+    else:
+        lines[-1] += " One-way delay %s on each end (tc netem under tbf)." % delay
+    lines.append("")
+    per_link = []
+    for i, link in enumerate(links):
+        where = "%s: links[%d]" % (path, i)
+        files = field(link, "files", where, (dict,))
+        loaded = {part: results.load(field(files, part, where + ".files", (str,))) for part in
+                  ("collectives", "ddp", "fsdp", "trace")}
+        per_link.append((field(link, "rate", where, (str,)), field(link, "rate_gbps", where, NUMBER),
+                         field(link, "iperf3_gbps", where, NUMBER, nullable=True), loaded))
+
+    # Collectives: bus bandwidth as a share of the link (2 ranks: busbw = bytes each rank sends per second).
+    lines += ["Collectives, 2 hosts x 1 rank (bus bandwidth as nccl-tests defines it; at 2 ranks it is the bytes "
+              "each rank puts on its link per second):", "",
+              "| link | iperf3 TCP | op | size | dtrain per call | dtrain busbw GB/s | raw MPI busbw GB/s "
+              "| dtrain / link rate | dtrain / iperf3 |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    large = {}
+    for rate, gbps, iperf, loaded in per_link:
+        data, cpath = loaded["collectives"]
+        series, _ = collective_rows(data, cpath)
+        for op in ("all_reduce", "all_gather", "reduce_scatter"):
+            rows = series.get(op, [])
+            shown = [r for r in rows if r is rows[0] or r[0] >= 1 << 20]
+            for size, dtrain, raw in shown:
+                share = dtrain * 8 / gbps
+                # Back from busbw to the time of one call at 2 ranks (all_reduce: busbw = bytes/t;
+                # all_gather, reduce_scatter: busbw = bytes/t / 2): the smallest size shows the latency.
+                seconds = size / dtrain / 1e9 / (1 if op == "all_reduce" else 2)
+                lines.append("| %s | %s | %s | %s | %s | %.3f | %s | %.2f | %s |"
+                             % (rate, "–" if iperf is None else "%.2f Gbit/s" % iperf, op, human_bytes(size),
+                                "%.0f us" % (seconds * 1e6) if seconds < 1e-3 else ms(seconds), dtrain,
+                                "–" if raw is None else "%.3f" % raw, share,
+                                "–" if iperf is None else "%.2f" % (dtrain * 8 / iperf)))
+                if size >= 16 << 20:
+                    large.setdefault(rate, []).append(share)
+
+    lines += ["", "DDP (`dtrain bench ddp --model all`), 1 intra-op thread per rank; each figure the median over "
+              "steps of the slowest rank:", "",
+              "| link | model | mode | step | / ideal | exposed comm per step | MiB sent per step |",
+              "|---|---|---|---:|---:|---:|---:|"]
+    for rate, _, _, loaded in per_link:
+        data, dpath = loaded["ddp"]
+        for i, row in enumerate(field(data, "results", dpath, (list,))):
+            where = "%s: results[%d]" % (dpath, i)
+            lines.append("| %s | %s %.1fM | %s | %s | %.2f | %s | %s |"
+                         % (rate, field(row, "model", where, (str,)).upper(),
+                            field(row, "parameters", where, (int,)) / 1e6, field(row, "mode", where, (str,)),
+                            ms(field(row, "step_s", where, NUMBER)), field(row, "ratio_to_ideal", where, NUMBER),
+                            ms(field(row, "exposed_comm_s", where, NUMBER, nullable=True)),
+                            mib(field(row, "bytes_sent_per_step", where, (int,)))))
+
+    lines += ["", "FSDP (`dtrain bench fsdp --parts speed`, the 19M GPT, AdamW):", "",
+              "| link | mode | step | / ddp |", "|---|---|---:|---:|"]
+    fsdp_ratio = {}
+    for rate, _, _, loaded in per_link:
+        data, fpath = loaded["fsdp"]
+        speed = field(data, "speed", fpath, (dict,))
+        for i, row in enumerate(field(speed, "rows", fpath + ": speed", (list,))):
+            where = "%s: speed.rows[%d]" % (fpath, i)
+            mode = field(row, "mode", where, (str,))
+            lines.append("| %s | %s | %s | %.3f |" % (rate, mode, ms(field(row, "step_s", where, NUMBER)),
+                                                      field(row, "ratio_to_ddp", where, NUMBER)))
+            if mode == "fsdp":
+                fsdp_ratio[rate] = row["ratio_to_ddp"]
+
+    lines += ["", "Exposed communication from `dtrain trace summary` of `dtrain train` (the same GPT, 4 sequences "
+              "per rank; the trace covers every training step, the first included, and ends before the final evaluation):", "",
+              "| link | strategy | rank | steps | mean step | communication | exposed | hidden |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
+    hidden = {}
+    for rate, _, _, loaded in per_link:
+        data, tpath = loaded["trace"]
+        for i, run in enumerate(field(data, "runs", tpath, (list,))):
+            where = "%s: runs[%d]" % (tpath, i)
+            strategy = field(run, "strategy", where, (str,))
+            for j, rank in enumerate(field(run, "ranks", where, (list,))):
+                rwhere = "%s.ranks[%d]" % (where, j)
+                comm = field(rank, "comm_ms", rwhere, NUMBER)
+                exposed = field(rank, "exposed_comm_ms", rwhere, NUMBER)
+                share = 1 - exposed / comm if comm else 1.0
+                hidden.setdefault((rate, strategy), []).append(share)
+                lines.append("| %s | %s | %d | %d | %.1f ms | %.1f ms | %.1f ms | %.0f%% |"
+                             % (rate, strategy, field(rank, "rank", rwhere, (int,)), field(rank, "steps", rwhere, (int,)),
+                                field(rank, "mean_step_ms", rwhere, NUMBER), comm, exposed, 100 * share))
+
+    lines += ["", "Targets of issue 18 (the worst rank or size):"]
+    for rate, _, _, _ in per_link:
+        parts = []
+        if rate in large:
+            parts.append("collectives at >= 16 MiB reach **%.2f** of the link rate (target >= 0.90)" % min(large[rate]))
+        for strategy, target in (("ddp", 0.80), ("fsdp", 0.70)):
+            if (rate, strategy) in hidden:
+                parts.append("%s hides **%.0f%%** of its communication (target >= %.0f%%)"
+                             % (strategy.upper(), 100 * min(hidden[(rate, strategy)]), 100 * target))
+        if rate in fsdp_ratio:
+            parts.append("the FSDP step is **%.2fx** DDP's (target <= 1.10x)" % fsdp_ratio[rate])
+        lines.append("- %s: %s." % (rate, "; ".join(parts)))
+    return lines
+
+
 def block_bench_run(results):
     if not results.run:
         raise Missing("no bench/results/bench-run.json (make bench writes it)")
@@ -353,6 +469,7 @@ BLOCKS = {
     "fsdp-speed": block_fsdp_speed,
     "ps": block_ps,
     "checkpoint": block_checkpoint,
+    "network": block_network,
 }
 
 

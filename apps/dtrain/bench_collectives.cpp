@@ -1,8 +1,11 @@
 #include "bench_collectives.h"
 
+#include "relaunch.h"
+
 #include "dtrain/comm.h"
 #include "common/timing.h"
 
+#include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <mpi.h>
 #include <nlohmann/json.hpp>
@@ -183,7 +186,7 @@ int bench_collectives_rank(const BenchCollectivesOptions& options) {
       const std::string partial = options.json_path + ".partial";
       {
         std::ofstream out(partial);
-        out << nlohmann::json{{"results", results}}.dump(2) << "\n";
+        out << nlohmann::json{{"threads_per_rank", at::get_num_threads()}, {"results", results}}.dump(2) << "\n";
         if (!out) {
           std::cerr << "dtrain: cannot write " << options.json_path << std::endl;
           std::remove(partial.c_str());
@@ -204,6 +207,12 @@ CLI::App* add_bench_collectives_subcommand(CLI::App& bench, BenchCollectivesOpti
   command->add_option("--nproc", options.nproc, "Number of ranks")->check(CLI::PositiveNumber);
   command->add_option("--backend", options.backend, "mpi or c10d")->check(CLI::IsMember({"mpi", "c10d"}));
   command->add_option("--json", options.json_path, "Also write the results as JSON to this path");
+  add_hosts_option(*command, options.hosts);
+  // Hosts that share one machine's cores (bench/network.sh's namespaces) need
+  // fewer threads than the launcher's cores / ranks per host.
+  command->add_option("--threads-per-rank", options.threads_per_rank,
+                      "Intra-op threads per rank (default: cores / ranks per host)")
+      ->check(CLI::NonNegativeNumber);
   command->add_option("--max-bytes", options.max_bytes, "Largest message in bytes (default 256 MiB)")
       ->check(CLI::Range(int64_t{4} << 10, int64_t{4} << 30));
   return command;

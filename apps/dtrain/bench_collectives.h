@@ -16,6 +16,9 @@ struct BenchCollectivesOptions {
   int nproc = 2;
   std::string backend = "mpi";
   std::string json_path;
+  std::string hosts;  // --hosts: across hosts (relaunch.h); empty = this machine
+  // Intra-op threads per rank; 0 = the launcher's default (cores / ranks per host).
+  int threads_per_rank = 0;
   int64_t min_bytes = 4 << 10;
   int64_t max_bytes = int64_t{256} << 20;
 };

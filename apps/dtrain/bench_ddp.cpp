@@ -1,5 +1,7 @@
 #include "bench_ddp.h"
 
+#include "relaunch.h"
+
 #include "dtrain/comm.h"
 #include "dtrain/comm_hooks.h"
 #include "dtrain/ddp.h"
@@ -271,6 +273,7 @@ CLI::App* add_bench_ddp_subcommand(CLI::App& bench, BenchDDPOptions& options) {
   command->add_option("--rounds", options.rounds, "Rounds in which the modes take turns")->check(CLI::PositiveNumber);
   command->add_option("--warmup", options.warmup, "Untimed steps per mode first")->check(CLI::NonNegativeNumber);
   command->add_option("--json", options.json_path, "Also write the results as JSON to this path");
+  add_hosts_option(*command, options.hosts);
   return command;
 }
 

@@ -24,6 +24,7 @@ struct BenchDDPOptions {
   int rounds = 5;
   int warmup = 2;  // untimed steps per mode before the first round
   std::string json_path;
+  std::string hosts;  // --hosts: across hosts (relaunch.h); empty = this machine
 };
 
 // Runs inside a launched job: every rank calls it.

@@ -319,7 +319,9 @@ int run_job(const std::vector<std::string>& words, const BenchFSDPOptions& optio
             int threads, const std::string& job_json) {
   auto job_words = words;
   job_words.insert(job_words.end(), {"--job", job, "--job-json", job_json});
-  return relaunch_as_job(job_words, nproc, options.backend, threads);
+  // --hosts places the speed job's 2 ranks; the memory jobs' world sizes
+  // (1-8) are no placement a host list of 2 slots could hold, so they stay local.
+  return relaunch_as_job(job_words, nproc, options.backend, threads, job == "speed" ? options.hosts : "");
 }
 
 std::string temp_path(const std::string& name) {
@@ -486,6 +488,7 @@ CLI::App* add_bench_fsdp_subcommand(CLI::App& bench, BenchFSDPOptions& options) 
   command->add_option("--warmup", options.warmup, "Speed part: untimed steps per mode first")
       ->check(CLI::Range(0, 1000))->capture_default_str();
   command->add_option("--json", options.json_path, "Also write the results as JSON to this path");
+  add_hosts_option(*command, options.hosts);
   command->add_option("--job", options.job, "(internal) the part a launched job runs")
       ->check(CLI::IsMember({"memory", "speed"}))->group("");
   command->add_option("--job-json", options.job_json, "(internal) where the job writes its results")->group("");

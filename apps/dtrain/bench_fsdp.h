@@ -35,6 +35,7 @@ struct BenchFSDPOptions {
   int rounds = 7;
   int warmup = 1;
   std::string json_path;
+  std::string hosts;  // --hosts: the speed job across hosts (relaunch.h); empty = this machine
 
   // Internal: set on the command line of the launched jobs.
   std::string job;       // memory | speed

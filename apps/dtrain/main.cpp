@@ -76,13 +76,14 @@ int main(int argc, char** argv) {
     // Outside a launched job a benchmark re-runs itself as the ranks of one.
     if (collectives_cmd->parsed()) {
       if (inside_launched_job()) return dtrain::cli::bench_collectives_rank(bench);
-      return dtrain::cli::relaunch_as_job(words, bench.nproc, bench.backend);
+      return dtrain::cli::relaunch_as_job(words, bench.nproc, bench.backend, bench.threads_per_rank, bench.hosts);
     }
     if (ddp_cmd->parsed()) {
       if (inside_launched_job()) return dtrain::cli::bench_ddp_rank(bench_ddp);
       // One intra-op thread per rank, so that ranks x threads fit the cores
       // and every mode computes alike.
-      return dtrain::cli::relaunch_as_job(words, bench_ddp.nproc, bench_ddp.backend, /*threads_per_rank=*/1);
+      return dtrain::cli::relaunch_as_job(words, bench_ddp.nproc, bench_ddp.backend, /*threads_per_rank=*/1,
+                                           bench_ddp.hosts);
     }
     if (checkpoint_bench_cmd->parsed()) {
       if (inside_launched_job()) return dtrain::cli::bench_checkpoint_rank(bench_checkpoint);

@@ -1,5 +1,5 @@
 #!/bin/sh
-# OpenMPI's launch agent for tests/multihost/run_two_hosts.sh, used instead of
+# OpenMPI's launch agent for the hosts of tests/multihost/netns_hosts.sh, used instead of
 # ssh (--mca plm_rsh_agent, or OMPI_MCA_plm_rsh_agent):
 #     netns_agent.sh HOST COMMAND...
 # Like `ssh HOST COMMAND...`, it joins the words of COMMAND into one shell
@@ -10,5 +10,5 @@
 set -eu
 host=$1
 shift
-exec ip netns exec "${MULTIHOST_NS_PREFIX:?set by run_two_hosts.sh}$host" \
+exec ip netns exec "${MULTIHOST_NS_PREFIX:?set by netns_mpi_env in netns_hosts.sh}$host" \
   unshare --uts -- sh -c 'hostname "$0" && eval "$1"' "$host" "$*"

@@ -5,8 +5,9 @@
 #     tests/multihost/run_two_hosts.sh [mpi] [c10d]       (default: both)
 #
 # Hosts: two Linux network namespaces, hA (10.213.0.1) and hB (10.213.0.2),
-# joined by one veth pair (eth0 in each). A command runs "on" a host through
-# on_host below: in its namespace, with /etc/netns/NS/hosts as /etc/hosts
+# joined by one veth pair (eth0 in each), made by netns_hosts.sh (which
+# bench/network.sh shares). A command runs "on" a host through
+# netns_on_host: in its namespace, with /etc/netns/NS/hosts as /etc/hosts
 # (hA and hB resolve) and, in a UTS namespace of its own, the hostname hA or
 # hB. The namespaces are private to the run (names carry $$), so runs in
 # parallel do not collide even though they use the same addresses and port.
@@ -66,14 +67,12 @@ for backend in "${BACKENDS[@]}"; do
   [[ $backend = mpi || $backend = c10d ]] || { echo "usage: $0 [mpi] [c10d]  (got '$backend')" >&2; exit 2; }
 done
 
-NS_PREFIX=dtrain-$$-
-SUBNET=10.213.0.0/24
-declare -A ADDRESS=([hA]=10.213.0.1 [hB]=10.213.0.2)
+# shellcheck source=netns_hosts.sh
+source "$HERE/netns_hosts.sh"  # NS_PREFIX, SUBNET, ADDRESS, netns_*
 MASTER_PORT=29413
 JOB=(train --model mlp --steps "$STEPS" --batch-size 64 --seed 3 --log-every 1)
 WORK=  # made once the preconditions hold
 failures=0
-created_veth=
 JOB_PIDS=()
 
 say() { echo "== $*"; }
@@ -83,21 +82,12 @@ skip() { echo "SKIP: $*"; exit "$SKIP_EXIT"; }
 cleanup() {
   local status=$?
   trap - EXIT INT TERM
-  local host pids
+  local pids
   # This shell's jobs still running (a single-host reference among them):
   # timeout passes the TERM on to its command.
   pids=$(jobs -pr)
   [[ -n $pids ]] && kill -TERM $pids 2>/dev/null
-  for host in hA hB; do
-    # Whatever still runs in the namespace was started by this script.
-    pids=$(ip netns pids "$NS_PREFIX$host" 2>/dev/null)
-    [[ -n $pids ]] && kill -KILL $pids 2>/dev/null
-    ip netns del "$NS_PREFIX$host" 2>/dev/null
-    rm -rf "/etc/netns/$NS_PREFIX$host"
-  done
-  rmdir /etc/netns 2>/dev/null
-  # A veth still in this namespace (setup failed before moving it).
-  [[ -n $created_veth ]] && ip link del "$created_veth" 2>/dev/null
+  netns_cleanup
   if [[ -n $WORK ]]; then
     if [[ $status -eq 0 && $failures -eq 0 && -z ${KEEP:-} ]]; then
       rm -rf "$WORK"
@@ -111,12 +101,6 @@ trap cleanup EXIT
 trap 'echo "interrupted"; exit 130' INT
 trap 'exit 143' TERM
 
-on_host() {  # on_host HOST COMMAND...: COMMAND in HOST's namespace, hostname HOST
-  local host=$1
-  shift
-  ip netns exec "$NS_PREFIX$host" unshare --uts -- sh -c 'hostname "$0" && exec "$@"' "$host" "$@"
-}
-
 # --- preconditions --------------------------------------------------------
 [[ $(id -u) -eq 0 ]] || skip "needs root to create network namespaces (run as root, or sudo $0)"
 for tool in ip unshare timeout python3; do
@@ -126,32 +110,8 @@ done
 WORK=$(mktemp -d /tmp/dtrain-multihost.XXXXXX)
 
 # --- the two hosts ----------------------------------------------------------
-make_hosts() {
-  local error host
-  for host in hA hB; do
-    error=$(ip netns add "$NS_PREFIX$host" 2>&1) || skip "cannot create a network namespace (ip netns add: $error)"
-  done
-  error=$(on_host hA true 2>&1) || skip "cannot enter a namespace with its own hostname (unshare --uts: $error)"
-  created_veth=va$$
-  error=$(ip link add "va$$" type veth peer name "vb$$" 2>&1) || skip "cannot create a veth pair ($error)"
-  ip link set "va$$" netns "${NS_PREFIX}hA" && ip link set "vb$$" netns "${NS_PREFIX}hB" || return 1
-  created_veth=
-  local -A veth=([hA]=va$$ [hB]=vb$$)
-  for host in hA hB; do
-    local ns=$NS_PREFIX$host
-    ip -n "$ns" link set lo up &&
-      ip -n "$ns" link set "${veth[$host]}" name eth0 &&
-      ip -n "$ns" addr add "${ADDRESS[$host]}/24" dev eth0 &&
-      ip -n "$ns" link set eth0 up || return 1
-    mkdir -p "/etc/netns/$ns" &&
-      printf '127.0.0.1 localhost\n%s hA\n%s hB\n' "${ADDRESS[hA]}" "${ADDRESS[hB]}" > "/etc/netns/$ns/hosts" || return 1
-  done
-  # The veth's carrier may take a moment.
-  timeout 10 sh -c "until ip -n ${NS_PREFIX}hA link show eth0 | grep -q LOWER_UP &&
-    ip -n ${NS_PREFIX}hB link show eth0 | grep -q LOWER_UP; do sleep 0.1; done"
-}
-make_hosts || { echo "FAIL: setting up the namespaces failed"; exit 1; }
-say "hosts: $(on_host hA hostname) ${ADDRESS[hA]} (namespace ${NS_PREFIX}hA), $(on_host hB hostname) ${ADDRESS[hB]} (${NS_PREFIX}hB)"
+netns_make_hosts || { echo "FAIL: setting up the namespaces failed"; exit 1; }
+say "hosts: $(netns_on_host hA hostname) ${ADDRESS[hA]} (namespace ${NS_PREFIX}hA), $(netns_on_host hB hostname) ${ADDRESS[hB]} (${NS_PREFIX}hB)"
 
 TBF_OK=
 if ip netns exec "${NS_PREFIX}hA" tc qdisc add dev eth0 root tbf rate "$LINK_RATE" burst 32kbit latency 400ms 2>/dev/null; then
@@ -162,15 +122,6 @@ RESUME_OK=
 [[ $("$DTRAIN" train --help 2>/dev/null) == *--resume* ]] && RESUME_OK=1
 
 # --- the jobs ---------------------------------------------------------------
-# What mpirun on hA needs to reach hB without ssh and to keep MPI on the veth
-# link; and, as 4 ranks share 2 cores here, ranks that wait yield the core
-# (spinning ones make a step 5x slower).
-mpi_env() {
-  echo OMPI_MCA_plm_rsh_agent="$HERE/netns_agent.sh" OMPI_MCA_plm_rsh_no_tree_spawn=1 \
-    MULTIHOST_NS_PREFIX="$NS_PREFIX" OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self \
-    OMPI_MCA_btl_tcp_if_include="$SUBNET" OMPI_MCA_oob_tcp_if_include="$SUBNET" OMPI_MCA_mpi_yield_when_idle=1
-}
-
 # run_two_hosts BACKEND LOG_PREFIX TRAIN_FLAGS...: starts the 2 x 2 job in the
 # background; its pids land in JOB_PIDS.
 run_two_hosts() {
@@ -179,7 +130,7 @@ run_two_hosts() {
   JOB_PIDS=()
   if [[ $backend = mpi ]]; then
     # shellcheck disable=SC2046  # mpi_env's words are NAME=VALUE pairs
-    on_host hA env $(mpi_env) timeout -k 5 150 "$DTRAIN" launch -n 4 --hosts hA:2,hB:2 -- \
+    netns_on_host hA env $(netns_mpi_env) timeout -k 5 150 "$DTRAIN" launch -n 4 --hosts hA:2,hB:2 -- \
       "$DTRAIN" "${JOB[@]}" "$@" > "$log.launch.log" 2>&1 &
     JOB_PIDS+=($!)
     return
@@ -187,7 +138,7 @@ run_two_hosts() {
   local host local_rank rank=0
   for host in hA hB; do
     for local_rank in 0 1; do
-      on_host "$host" env RANK=$rank WORLD_SIZE=4 LOCAL_RANK=$local_rank LOCAL_WORLD_SIZE=2 \
+      netns_on_host "$host" env RANK=$rank WORLD_SIZE=4 LOCAL_RANK=$local_rank LOCAL_WORLD_SIZE=2 \
         MASTER_ADDR="${ADDRESS[hA]}" MASTER_PORT=$MASTER_PORT GLOO_SOCKET_IFNAME=eth0 \
         timeout -k 5 150 "$DTRAIN" "${JOB[@]}" "$@" > "$log.rank$rank.log" 2>&1 &
       JOB_PIDS+=($!)
