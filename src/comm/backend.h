@@ -39,10 +39,7 @@ class Backend {
   // input and output have the same numel, a multiple of size(): chunk i of
   // `input` goes to rank i, and chunk j of `output` comes from rank j. Moves
   // bytes only (any dtype; FSDP's compressed reduce-scatter sends uint8).
-  // (A default until every backend has its own.)
-  virtual void all_to_all(const torch::Tensor&, torch::Tensor&) {
-    throw CommError("all_to_all: the " + name() + " backend has none yet");
-  }
+  virtual void all_to_all(const torch::Tensor& input, torch::Tensor& output) = 0;
   virtual void broadcast(torch::Tensor& tensor, int root) = 0;
   virtual void barrier() = 0;
   virtual void send(const torch::Tensor& tensor, int dst, int tag) = 0;

@@ -157,6 +157,12 @@ class MpiBackend final : public Backend {
               "MPI_Reduce_scatter");
   }
 
+  void all_to_all(const torch::Tensor& input, torch::Tensor& output) override {
+    const MPI_Datatype type = transport_type(input);
+    const int count = checked_count(input.numel() / size_);
+    check_mpi(MPI_Alltoall(input.data_ptr(), count, type, output.data_ptr(), count, type, comm_), "MPI_Alltoall");
+  }
+
   void broadcast(torch::Tensor& tensor, int root) override {
     check_mpi(MPI_Bcast(tensor.data_ptr(), checked_count(tensor.numel()), transport_type(tensor), root, comm_),
               "MPI_Bcast");
