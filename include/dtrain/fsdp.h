@@ -15,6 +15,7 @@
 #pragma once
 
 #include <dtrain/comm.h>
+#include <dtrain/fsdp_compression.h>
 #include <dtrain/sharding.h>
 
 #include <torch/nn/module.h>
@@ -84,6 +85,29 @@ struct FSDPOptions {
   // Recompute each unit's forward during its backward instead of keeping
   // its activations (units with one tensor input and one tensor output).
   bool activation_checkpointing = false;
+  // Compressed all-gathers and reduce-scatters (ZeRO++ style; docs/fsdp.md,
+  // "Compressed collectives"): every unit's, unless compression_by_unit
+  // names it (by qualified name, "" for the root). Within the sharding group
+  // only: a one-rank group sends nothing, and Hybrid's all-reduce across
+  // groups stays uncompressed. OptimizerOnly all-reduces gradients, so it
+  // takes params compression only.
+  CollectiveCompression compression{};
+  std::map<std::string, CollectiveCompression> compression_by_unit{};
+};
+
+// What the engine handed to collectives in one step: from the end of one
+// synchronised backward to the end of the next (forwards in between, for
+// evaluation or no_sync micro-batches, count towards that step). Payload
+// bytes as `dtrain plan` counts them: the gathered buffer of an all-gather,
+// the full gradient buffer of a reduce-scatter, the send buffer of the
+// all-to-all that replaces a compressed one.
+struct FSDPStepStats {
+  int64_t steps = 0;                   // synchronised backward passes so far
+  int64_t all_gather_calls = 0;        // parameters, in forward and backward
+  int64_t all_gather_bytes = 0;
+  int64_t reduce_scatter_calls = 0;    // gradients in the sharding group (OptimizerOnly: all-reduces)
+  int64_t reduce_scatter_bytes = 0;
+  int64_t replica_all_reduce_bytes = 0;  // Hybrid, None: gradient shards across groups (never compressed)
 };
 
 // One unit, for inspection (tests, dtrain plan, traces).
@@ -159,6 +183,9 @@ class FullyShardedBase {
   // Bytes of the sharded state this rank holds: parameter shards and their
   // gradients (not the optimizer's state, which lives in the optimizer).
   int64_t sharded_parameter_bytes() const;
+
+  // The last completed step's collectives (zeros before the first).
+  FSDPStepStats last_step() const;
 
   // For callers that do not know the root's type (FullyShardedDataParallel
   // uses these): runs `forward` as the root call; a Sequential root's

@@ -38,9 +38,14 @@ class FSDPState {
   Communicator& shard_group() const { return *shard_group_; }
   const std::shared_ptr<torch::nn::Module>& root() const { return root_; }
   std::vector<std::unique_ptr<Unit>>& units() { return units_; }  // units_[0] is the root
+  FSDPStepStats last_step() const;
 
  private:
   void build_groups();
+  // Compression options the engine cannot honour, before anything is built.
+  void check_compression() const;
+  // Every unit named in compression_by_unit exists.
+  void check_compression_overrides() const;
   // Units in plan_units order; `deferred` lists the modules without storage
   // yet (dtrain/deferred_init.h), materialised unit by unit.
   void build_units(const std::vector<DeferredModule>& deferred);
@@ -50,6 +55,8 @@ class FSDPState {
   void pre_backward(Unit& unit);
   void on_gradient_ready(Unit& unit, size_t parameter);
   void finalize_backward();
+  // The end of a synchronised backward: this step's bytes become last_step().
+  void close_step_stats();
   // The end of a backward whose ranks' graphs differ: every unit some rank
   // used reduces now, in unit order.
   void reduce_in_unit_order();
@@ -82,6 +89,10 @@ class FSDPState {
   std::vector<Unit*> reduce_order_;        // units whose reduction started, in issue order
   size_t reductions_waited_ = 0;           // reduce_order_[0 .. this) have finished
   int inflight_gathers_ = 0;
+  // Bytes handed to collectives: this step's so far, and the last completed one's.
+  FSDPStepStats running_step_;
+  FSDPStepStats last_step_;
+  mutable std::mutex stats_mutex_;  // last_step() may be read from any thread
 };
 
 // The engine and unit registered for `module` ({nullptr, nullptr} if none).
