@@ -49,6 +49,9 @@ struct TrainConfig {
   std::string strategy = "ddp";
   std::string compress = "none";  // none | bf16 | powersgd | topk
   std::string mixed_precision = "none";
+  // Sharded strategies: compressed all-gathers / reduce-scatters,
+  // "params=int8,grads=bf16,block=256" (dtrain/fsdp_compression.h); "none".
+  std::string fsdp_compress = "none";
 
   // ---- parameter server and stragglers (issue 7; src/train/ps_training.h, src/train/stragglers.h)
   int servers = 1;          // ps-*: the last S ranks serve; the other W = nproc - S train

@@ -153,7 +153,9 @@ void DataParallelRun::build() {
   torch::manual_seed(config_.seed);  // the same weights on every rank
   model_ = train::build_model(config_, deferred);
   strategy_ = train::wrap_model(
-      model_, {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision},
+      model_,
+      {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision,
+       .fsdp_compress = config_.fsdp_compress},
       world_);
   if (!config_.init_from.empty()) {
     memory::set_phase("load of --init-from " + config_.init_from);
