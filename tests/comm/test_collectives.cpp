@@ -618,9 +618,10 @@ TEST(Errors, InvalidArgumentsThrowAtTheCall) {
   EXPECT_THROW(world().all_to_all(even, torch::zeros({2 * world_size + 1})), CommError) << "all_to_all sizes differ";
   EXPECT_THROW(world().all_to_all(even, torch::zeros({2 * world_size}, torch::kDouble)), CommError)
       << "all_to_all dtypes differ";
-  if (world_size > 1)
+  if (world_size > 1) {
     EXPECT_THROW(world().all_to_all(torch::zeros({2 * world_size + 1}), torch::zeros({2 * world_size + 1})), CommError)
         << "all_to_all chunks uneven";
+  }
   EXPECT_THROW(world().all_to_all(even, even), CommError) << "all_to_all in place";
 
   EXPECT_THROW(world().broadcast(t, -1), CommError) << "broadcast root -1";
