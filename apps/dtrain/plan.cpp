@@ -84,6 +84,17 @@ Resolved resolve(const PlanFlags& f) {
   // bf16 compute and all-gathers; gradients reduced in fp32 onto fp32 master shards.
   r.options.fsdp.mixed_precision.param_dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
   r.options.fsdp.mixed_precision.reduce_dtype = torch::kFloat32;
+  r.options.fsdp.compression = parse_collective_compression(f.fsdp_compress);
+  if (r.options.fsdp.compression != CollectiveCompression{}) {
+    const StrategyInfo& row = strategy_info(f.strategy);
+    if (!row.fsdp_compression)
+      throw std::invalid_argument("--fsdp-compress needs --strategy " +
+                                  strategy_list([](const StrategyInfo& s) { return s.fsdp_compression; }) + ", not " +
+                                  f.strategy);
+    if (row.sharding == Sharding::OptimizerOnly && r.options.fsdp.compression.grads != GradCompression::None)
+      throw std::invalid_argument("--fsdp-compress grads=...: --strategy " + f.strategy +
+                                  " all-reduces gradients; use grads=none with it");
+  }
   r.options.fsdp.forward_prefetch = f.forward_prefetch;
   r.options.fsdp.backward_prefetch = f.backward_prefetch == "pre"    ? BackwardPrefetch::Pre
                                      : f.backward_prefetch == "post" ? BackwardPrefetch::Post
@@ -143,6 +154,10 @@ void print(const Resolved& r, const plan::Plan& p) {
 
   std::printf("\nCommunication per step (rank %d): %s handed to collectives, about %s sent (ring algorithms)\n",
               p.rank, human(p.payload_bytes_per_step).c_str(), human(p.wire_bytes_per_step).c_str());
+  if (r.options.fsdp.compression != CollectiveCompression{})
+    std::printf("  compressed (--fsdp-compress %s): the byte counts below are the compressed records; the memory "
+                "above does not count the records' buffers\n",
+                to_string(r.options.fsdp.compression).c_str());
   for (const auto& c : p.collectives) {
     std::printf("  %-15s %-33s group %-3d %4lld calls %12s  sent %12s\n", c.op.c_str(), c.what.c_str(), c.group_size,
                 static_cast<long long>(c.calls), human(c.payload_bytes).c_str(), human(c.wire_bytes).c_str());
@@ -168,6 +183,7 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
           {"batch_per_rank", r.model.batch_per_rank},
           {"mixed_precision", r.options.fsdp.mixed_precision.param_dtype == torch::kBFloat16 ? "bf16" : "none"},
           {"optimizer", r.optimizer},
+          {"fsdp_compress", to_string(r.options.fsdp.compression)},
           {"peak_bytes", p.overall_peak_bytes()},
           {"step_peak_bytes", p.peak.total()},
           {"peak", to_json(p.peak)},
@@ -211,6 +227,9 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
       ->check(at_least(1));
   cmd->add_option("--mixed-precision", f.mixed_precision, "none | bf16 (bf16 compute and all-gathers, fp32 reduction and master shards)")
       ->check(CLI::IsMember({"none", "bf16"}))->capture_default_str();
+  cmd->add_option("--fsdp-compress", f.fsdp_compress,
+                  "Sharded strategies: compressed collectives as dtrain train takes them, e.g. params=int8,grads=bf16")
+      ->capture_default_str();
   cmd->add_option("--optimizer", f.optimizer, "adamw | sgd (default: gpt adamw, else sgd)")
       ->check(CLI::IsMember({"adamw", "sgd"}));
   cmd->add_option("--momentum", f.momentum, "SGD momentum (0: no momentum buffer)")->capture_default_str()

@@ -26,6 +26,7 @@ struct PlanFlags {
   int hybrid_group_size = 0;      // hsdp: required
   int64_t batch_size = 0;         // global; 0: gpt 32, else 128 (as dtrain train)
   std::string mixed_precision = "none";  // none | bf16
+  std::string fsdp_compress = "none";    // as dtrain train --fsdp-compress
   std::string optimizer;          // adamw | sgd; "": gpt adamw, else sgd (as dtrain train)
   double momentum = 0.9;
   bool forward_prefetch = true;

@@ -4,6 +4,7 @@
 #include "relaunch.h"
 
 #include "dtrain/comm.h"
+#include "dtrain/fsdp_compression.h"
 #include "dtrain/strategy_table.h"
 #include "dtrain/train.h"
 
@@ -111,6 +112,20 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
       ->check(CLI::IsMember({"mpi", "c10d"}))->capture_default_str();
   parallel->add_option("--compress", c.compress, "DDP gradient compression: none | bf16 | powersgd | topk")
       ->check(CLI::IsMember({"none", "bf16", "powersgd", "topk"}))->capture_default_str();
+  parallel->add_option("--fsdp-compress", c.fsdp_compress,
+                       "zero1, zero2, fsdp, hsdp: compressed collectives, e.g. params=int8,grads=bf16 "
+                       "(params=none|bf16|int8|fp8, grads=none|bf16|int8, block=N elements per scale; docs/fsdp.md)")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            try {
+              parse_collective_compression(value);
+              return "";
+            } catch (const std::invalid_argument& error) {
+              return std::string(error.what()).substr(std::string("--fsdp-compress: ").size());
+            }
+          },
+          "COMPRESSION"))
+      ->capture_default_str();
   parallel->add_option("--mixed-precision", c.mixed_precision, "none | bf16 (sharded strategies; single and ddp: none)")
       ->check(CLI::IsMember({"none", "bf16"}))->capture_default_str();
   parallel->add_option("--fsdp-prefetch", c.fsdp_prefetch,

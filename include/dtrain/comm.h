@@ -67,6 +67,12 @@ class Communicator {
   // Flat reduce-scatter: full (every rank's contribution) -> shard (this
   // rank's piece of the reduction, as split by shard_range). Sum or Avg.
   WorkPtr reduce_scatter(torch::Tensor full, torch::Tensor shard, ReduceOp op = ReduceOp::Sum);
+  // Personalised exchange: input and output have the same dtype, device and
+  // numel, a multiple of size(); chunk i of `input` goes to rank i and chunk
+  // j of `output` comes from rank j (equal chunks). Moves bytes, reduces
+  // nothing, so a narrow dtype crosses the link as it is (FSDP's compressed
+  // reduce-scatter is built on it; docs/fsdp.md).
+  WorkPtr all_to_all(torch::Tensor input, torch::Tensor output);
   // In place: every rank ends with root's `tensor`.
   WorkPtr broadcast(torch::Tensor tensor, int root);
   WorkPtr barrier();

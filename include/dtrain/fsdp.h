@@ -15,6 +15,7 @@
 #pragma once
 
 #include <dtrain/comm.h>
+#include <dtrain/fsdp_compression.h>
 #include <dtrain/sharding.h>
 
 #include <torch/nn/module.h>
@@ -89,6 +90,14 @@ struct FSDPOptions {
   // run keeps whichever had the shorter median step on the slowest rank
   // (Note [prefetch tuning] in src/fsdp/prefetch_tuner.h). 0: as configured.
   int prefetch_tuning_steps = 0;
+  // Compressed all-gathers and reduce-scatters (ZeRO++ style; docs/fsdp.md,
+  // "Compressed collectives"): every unit's, unless compression_by_unit
+  // names it (by qualified name, "" for the root). Within the sharding group
+  // only: a one-rank group sends nothing, and Hybrid's all-reduce across
+  // groups stays uncompressed. OptimizerOnly all-reduces gradients, so it
+  // takes params compression only.
+  CollectiveCompression compression{};
+  std::map<std::string, CollectiveCompression> compression_by_unit{};
 };
 
 // What prefetch tuning measured and chose (FSDPOptions::prefetch_tuning_steps).
@@ -98,6 +107,21 @@ struct FSDPPrefetchTuning {
   int trial_steps = 0;            // steps timed with each setting
   double with_prefetch_s = 0;     // median step with prefetch, slowest rank
   double without_prefetch_s = 0;  // ... without
+};
+
+// What the engine handed to collectives in one step: from the end of one
+// synchronised backward to the end of the next (forwards in between, for
+// evaluation or no_sync micro-batches, count towards that step). Payload
+// bytes as `dtrain plan` counts them: the gathered buffer of an all-gather,
+// the full gradient buffer of a reduce-scatter, the send buffer of the
+// all-to-all that replaces a compressed one.
+struct FSDPStepStats {
+  int64_t steps = 0;                   // synchronised backward passes so far
+  int64_t all_gather_calls = 0;        // parameters, in forward and backward
+  int64_t all_gather_bytes = 0;
+  int64_t reduce_scatter_calls = 0;    // gradients in the sharding group (OptimizerOnly: all-reduces)
+  int64_t reduce_scatter_bytes = 0;
+  int64_t replica_all_reduce_bytes = 0;  // Hybrid, None: gradient shards across groups (never compressed)
 };
 
 // One unit, for inspection (tests, dtrain plan, traces).
@@ -176,6 +200,9 @@ class FullyShardedBase {
   // Bytes of the sharded state this rank holds: parameter shards and their
   // gradients (not the optimizer's state, which lives in the optimizer).
   int64_t sharded_parameter_bytes() const;
+
+  // The last completed step's collectives (zeros before the first).
+  FSDPStepStats last_step() const;
 
   // For callers that do not know the root's type (FullyShardedDataParallel
   // uses these): runs `forward` as the root call; a Sequential root's

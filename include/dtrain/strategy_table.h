@@ -39,6 +39,7 @@ struct StrategyInfo {
   Synchrony synchrony = Synchrony::Lockstep;
   bool multi_rank = true;              // false: exactly one process
   bool compression = false;            // --compress (DDP's gradient communication hooks)
+  bool fsdp_compression = false;       // --fsdp-compress (FSDP's compressed all-gathers and reduce-scatters)
   bool bf16 = false;                   // --mixed-precision bf16 (bf16 compute, fp32 master weights)
   bool grad_clip = true;               // --grad-clip (a global gradient norm exists)
   bool nonfinite_skip = true;          // --on-nonfinite skip (ranks agree before the update)

@@ -53,6 +53,9 @@ struct TrainConfig {
   // "off", or "auto" (measure both in the first steps and keep the faster;
   // Note [prefetch tuning] in src/fsdp/prefetch_tuner.h).
   std::string fsdp_prefetch = "auto";
+  // Sharded strategies: compressed all-gathers / reduce-scatters,
+  // "params=int8,grads=bf16,block=256" (dtrain/fsdp_compression.h); "none".
+  std::string fsdp_compress = "none";
 
   // ---- parameter server and stragglers (issue 7; src/train/ps_training.h, src/train/stragglers.h)
   int servers = 1;          // ps-*: the last S ranks serve; the other W = nproc - S train

@@ -37,6 +37,10 @@ class Backend {
   // concatenation in rank order.
   virtual void all_gather(const torch::Tensor& shard, torch::Tensor& full) = 0;
   virtual void reduce_scatter(const torch::Tensor& full, torch::Tensor& shard, BackendReduce op) = 0;
+  // input and output have the same numel, a multiple of size(): chunk i of
+  // `input` goes to rank i, and chunk j of `output` comes from rank j. Moves
+  // bytes only (any dtype; FSDP's compressed reduce-scatter sends uint8).
+  virtual void all_to_all(const torch::Tensor& input, torch::Tensor& output) = 0;
   virtual void broadcast(torch::Tensor& tensor, int root) = 0;
   virtual void barrier() = 0;
   virtual void send(const torch::Tensor& tensor, int dst, int tag) = 0;

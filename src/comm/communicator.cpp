@@ -209,6 +209,23 @@ WorkPtr Communicator::reduce_scatter(torch::Tensor full, torch::Tensor shard, Re
       });
 }
 
+WorkPtr Communicator::all_to_all(torch::Tensor input, torch::Tensor output) {
+  check_tensor(*impl_->backend, input, "input", "all_to_all");
+  check_tensor(*impl_->backend, output, "output", "all_to_all");
+  if (input.scalar_type() != output.scalar_type() || input.device() != output.device())
+    throw CommError("all_to_all: input and output must have the same dtype and device");
+  if (input.numel() != output.numel())
+    throw CommError("all_to_all: input has " + std::to_string(input.numel()) + " elements but output has " +
+                    std::to_string(output.numel()) + "; they must be equal");
+  if (input.numel() % size() != 0)
+    throw CommError("all_to_all: " + std::to_string(input.numel()) + " elements do not split into " +
+                    std::to_string(size()) + " equal chunks, one per rank");
+  // Every backend needs disjoint buffers; nothing in dtrain exchanges in place.
+  if (overlap(input, output)) throw CommError("all_to_all: input and output must not overlap");
+  return enqueue_collective(impl_.get(), {OpKind::AllToAll, input.numel(), input.scalar_type(), 0}, input,
+                            [input, output](Backend& backend) mutable { backend.all_to_all(input, output); });
+}
+
 WorkPtr Communicator::broadcast(torch::Tensor tensor, int root) {
   check_tensor(*impl_->backend, tensor, "tensor", "broadcast");
   check_rank(root, size(), "root", "broadcast");

@@ -14,6 +14,7 @@ const char* to_string(OpKind kind) {
     case OpKind::Broadcast: return "broadcast";
     case OpKind::Barrier: return "barrier";
     case OpKind::Split: return "split";
+    case OpKind::AllToAll: return "all_to_all";
   }
   return "?";
 }

@@ -12,7 +12,7 @@
 
 namespace dtrain {
 
-enum class OpKind : int64_t { AllReduce, AllGather, ReduceScatter, Broadcast, Barrier, Split };
+enum class OpKind : int64_t { AllReduce, AllGather, ReduceScatter, Broadcast, Barrier, Split, AllToAll };
 const char* to_string(OpKind kind);
 
 struct OpSignature {

@@ -22,7 +22,8 @@ const std::vector<StrategyInfo>& strategy_table() {
                     .aliases = {"none"}});
     auto sharded = [](const char* name, const char* description, Sharding sharding, std::vector<const char*> aliases) {
       return StrategyInfo{.name = name, .description = description, .engine = StrategyEngine::FSDP,
-                          .sharding = sharding, .bf16 = true, .planned = true, .deferred_construction = true,
+                          .sharding = sharding, .fsdp_compression = true, .bf16 = true, .planned = true,
+                          .deferred_construction = true,
                           .aliases = std::move(aliases)};
     };
     rows.push_back(sharded("zero1", "ZeRO-1: optimizer state sharded", Sharding::OptimizerOnly, {"optimizer"}));

@@ -3,6 +3,7 @@
 
 #include "comm/replicas.h"
 #include "fsdp/activation_checkpoint.h"
+#include "fsdp/compression.h"
 #include "fsdp/reduction_order.h"
 #include "fsdp/wrap_policy.h"
 
@@ -83,6 +84,7 @@ FSDPState::FSDPState(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FSDP
       throw std::invalid_argument("FSDP: mixed precision dtypes must be floating point, got " + dtype_name(dtype));
     }
   }
+  check_compression();
   build_groups();
 
   std::vector<NamedTensor> everything;
@@ -97,6 +99,7 @@ FSDPState::FSDPState(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FSDP
   const bool deferred = has_deferred_storage(*root_);
   if (deferred) agree_on_init_seeds(*comm_, *root_);
   build_units(deferred ? deferred_modules(*root_) : std::vector<DeferredModule>{});
+  for (auto& unit : units_) unit->count_bytes_in(&running_step_);
 
   std::vector<torch::Tensor> buffers;
   for (const auto& item : root_->named_buffers(true)) {
@@ -112,6 +115,39 @@ FSDPState::~FSDPState() {
   for (auto it = registry().begin(); it != registry().end();) {
     it = it->second.first == this ? registry().erase(it) : std::next(it);
   }
+}
+
+void FSDPState::check_compression() const {
+  std::vector<CollectiveCompression> all{options_.compression};
+  for (const auto& [name, compression] : options_.compression_by_unit) all.push_back(compression);
+  for (const auto& c : all) {
+    if (c.block_size < 1)
+      throw std::invalid_argument("FSDP: compression block_size must be at least 1, got " + std::to_string(c.block_size));
+    if (c.params == ParamCompression::FP8) check_fp8_supported();
+    if (c.grads != GradCompression::None && options_.strategy == Sharding::OptimizerOnly)
+      throw std::invalid_argument(std::string("FSDP: grads=") + to_string(c.grads) +
+                                  " compresses the gradient reduce-scatter, but Sharding::OptimizerOnly (zero1) "
+                                  "all-reduces gradients; use grads=none there, or GradOp (zero2) / Full (fsdp)");
+  }
+}
+
+void FSDPState::check_compression_overrides() const {
+  for (const auto& [name, compression] : options_.compression_by_unit) {
+    bool found = false;
+    std::string names;
+    for (const auto& unit : units_) {
+      found = found || unit->name() == name;
+      names += (names.empty() ? "" : ", ") + unit->display_name();
+    }
+    if (!found)
+      throw std::invalid_argument("FSDP: compression_by_unit names '" + name + "', which is no unit; the units are " +
+                                  names + " (\"\" is the root)");
+  }
+}
+
+FSDPStepStats FSDPState::last_step() const {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  return last_step_;
 }
 
 void FSDPState::build_groups() {
@@ -189,6 +225,9 @@ void FSDPState::build_units(const std::vector<DeferredModule>& deferred) {
   for (size_t i = 0; i < deferred.size(); ++i) {
     if (!materialised[i]) materialize_module(deferred[i]);
   }
+  // Before the registry knows the units: a constructor that throws leaves
+  // no entry behind.
+  check_compression_overrides();
   std::lock_guard<std::mutex> lock(g_registry_mutex);
   for (size_t i = 1; i < units_.size(); ++i) {
     auto [it, fresh] = registry().try_emplace(units_[i]->module(), this, units_[i].get());
@@ -441,6 +480,14 @@ void FSDPState::finalize_backward() {
   }
   for (auto& unit : units_) unit->reshard(free_after_backward());
   for (Unit* unit : reduce_order_) unit->finish_gradients();
+  if (sync_) close_step_stats();
+}
+
+void FSDPState::close_step_stats() {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  running_step_.steps = last_step_.steps + 1;
+  last_step_ = running_step_;
+  running_step_ = FSDPStepStats{};
 }
 
 void FSDPState::reduce_in_unit_order() {
@@ -459,6 +506,7 @@ void FSDPState::reduce_in_unit_order() {
   }
   for (auto& unit : units_) unit->reshard(free_after_backward());
   for (Unit* unit : reduce_order_) unit->finish_gradients();
+  close_step_stats();
   eager_reductions_ = true;
 }
 

@@ -40,9 +40,14 @@ class FSDPState {
   const std::shared_ptr<torch::nn::Module>& root() const { return root_; }
   std::vector<std::unique_ptr<Unit>>& units() { return units_; }  // units_[0] is the root
   const FSDPPrefetchTuning& prefetch_tuning() const { return tuner_.result(); }
+  FSDPStepStats last_step() const;
 
  private:
   void build_groups();
+  // Compression options the engine cannot honour, before anything is built.
+  void check_compression() const;
+  // Every unit named in compression_by_unit exists.
+  void check_compression_overrides() const;
   // Units in plan_units order; `deferred` lists the modules without storage
   // yet (dtrain/deferred_init.h), materialised unit by unit.
   void build_units(const std::vector<DeferredModule>& deferred);
@@ -52,6 +57,8 @@ class FSDPState {
   void pre_backward(Unit& unit);
   void on_gradient_ready(Unit& unit, size_t parameter);
   void finalize_backward();
+  // The end of a synchronised backward: this step's bytes become last_step().
+  void close_step_stats();
   // The end of a backward whose ranks' graphs differ: every unit some rank
   // used reduces now, in unit order.
   void reduce_in_unit_order();
@@ -86,6 +93,10 @@ class FSDPState {
   int inflight_gathers_ = 0;
   PrefetchTuner tuner_;
   bool prefetching_ = true;  // this step's choice (tuner_); options_ say which prefetches exist
+  // Bytes handed to collectives: this step's so far, and the last completed one's.
+  FSDPStepStats running_step_;
+  FSDPStepStats last_step_;
+  mutable std::mutex stats_mutex_;  // last_step() may be read from any thread
 };
 
 // The engine and unit registered for `module` ({nullptr, nullptr} if none).

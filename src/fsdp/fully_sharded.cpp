@@ -105,6 +105,8 @@ int64_t FullyShardedBase::sharded_parameter_bytes() const {
   return bytes;
 }
 
+FSDPStepStats FullyShardedBase::last_step() const { return state_->last_step(); }
+
 std::map<std::string, torch::Tensor> FullyShardedBase::full_state_dict(bool rank0_only) {
   torch::NoGradGuard no_grad;
   auto& group = state_->shard_group();

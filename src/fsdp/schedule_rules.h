@@ -5,6 +5,7 @@
 // LibTorch-free.
 #pragma once
 
+#include "dtrain/fsdp_compression.h"
 #include "dtrain/sharding.h"
 
 #include <cstddef>
@@ -54,6 +55,47 @@ constexpr bool reduces_in_place(Sharding sharding) { return sharding == Sharding
 // reductions keep every buffer anyway, so waiting early would free nothing.
 constexpr bool must_wait_for_reduction(Sharding sharding, size_t outstanding, int max_inflight_reductions) {
   return !reduces_in_place(sharding) && outstanding >= static_cast<size_t>(max_inflight_reductions);
+}
+
+// What a compressed collective puts on the wire for one rank's piece of
+// `count` elements: a record (src/fsdp/compression.h lays it out). Plain
+// records are the elements in their own dtype.
+enum class WireFormat { Plain, BF16, Int8, FP8 };
+
+constexpr WireFormat wire_format(ParamCompression mode) {
+  switch (mode) {
+    case ParamCompression::BF16: return WireFormat::BF16;
+    case ParamCompression::Int8: return WireFormat::Int8;
+    case ParamCompression::FP8: return WireFormat::FP8;
+    default: return WireFormat::Plain;
+  }
+}
+constexpr WireFormat wire_format(GradCompression mode) {
+  switch (mode) {
+    case GradCompression::BF16: return WireFormat::BF16;
+    case GradCompression::Int8: return WireFormat::Int8;
+    default: return WireFormat::Plain;
+  }
+}
+
+// A one-rank group sends nothing, so it compresses nothing: its numbers
+// stay those of the uncompressed run.
+constexpr WireFormat effective_format(WireFormat format, int64_t group_size) {
+  return group_size > 1 ? format : WireFormat::Plain;
+}
+
+constexpr int64_t scale_blocks(int64_t count, int64_t block_size) { return (count + block_size - 1) / block_size; }
+
+// Int8 and FP8: one byte per element plus one fp32 scale per block
+// (256-element blocks: 260 bytes per 1024 of fp32, 0.254x); BF16: two bytes.
+constexpr int64_t record_bytes(WireFormat format, int64_t count, int64_t block_size, int64_t plain_element_bytes) {
+  switch (format) {
+    case WireFormat::Plain: return count * plain_element_bytes;
+    case WireFormat::BF16: return count * 2;
+    case WireFormat::Int8:
+    case WireFormat::FP8: return count + 4 * scale_blocks(count, block_size);
+  }
+  return 0;
 }
 
 }  // namespace dtrain::fsdp_rules

@@ -1,4 +1,5 @@
 #include "fsdp/unit.h"
+#include "fsdp/compression.h"
 #include "fsdp/schedule_rules.h"
 
 #include "common/tensor_alias.h"
@@ -32,6 +33,15 @@ Unit::Unit(std::string name, const torch::nn::Module* module, std::vector<std::s
             options.mixed_precision.param_dtype),
       groups_(groups),
       options_(options) {
+  auto override_it = options.compression_by_unit.find(name_);
+  compression_ = override_it != options.compression_by_unit.end() ? override_it->second : options.compression;
+  const int64_t group = groups.shard->size();
+  param_format_ = fsdp_rules::effective_format(fsdp_rules::wire_format(compression_.params), group);
+  // bf16 parameters computed in bf16 already travel as bf16: the plain gather.
+  if (param_format_ == fsdp_rules::WireFormat::BF16 && options.mixed_precision.param_dtype == torch::kBFloat16)
+    param_format_ = fsdp_rules::WireFormat::Plain;
+  grad_format_ = fsdp_rules::effective_format(fsdp_rules::wire_format(compression_.grads), group);
+  if (fsdp_rules::reduces_in_place(options.strategy)) grad_format_ = fsdp_rules::WireFormat::Plain;
   ready_.assign(flat_.entries().size(), 0);
   stashed_.resize(flat_.entries().size());
   for (const auto& entry : flat_.entries()) expected_gradients_ += entry.param.requires_grad() ? 1 : 0;
@@ -55,28 +65,56 @@ bool Unit::start_unshard() {
   if (flat_.full_is_shard()) return false;
   torch::NoGradGuard no_grad;
   flat_.allocate_full();
-  gather_source_ = flat_.shard().to(options_.mixed_precision.param_dtype);
   const trace::Label label("unit", index_, trace_name_);
-  gather_work_ = groups_.shard->all_gather(gather_source_, flat_.full_for_writing());
+  const int64_t group = groups_.shard->size();
+  if (param_format_ == fsdp_rules::WireFormat::Plain) {
+    gather_source_ = flat_.shard().to(options_.mixed_precision.param_dtype);
+    auto full = flat_.full_for_writing();
+    if (stats_) stats_->all_gather_bytes += static_cast<int64_t>(full.nbytes());
+    gather_work_ = groups_.shard->all_gather(gather_source_, full);
+  } else {
+    // Every rank sends its shard's record; all of them, this rank's too,
+    // are decoded into the full buffer (complete_gather), so every rank
+    // computes with the same weights.
+    const int64_t bytes = fsdp_rules::record_bytes(param_format_, flat_.shard_numel(), compression_.block_size, 0);
+    const auto byte_options = flat_.shard().options().dtype(torch::kByte);  // the shard's device
+    gather_source_ = torch::empty({bytes}, byte_options);
+    encode_record(param_format_, compression_.block_size, flat_.shard(), gather_source_);
+    gathered_records_ = torch::empty({bytes * group}, byte_options);
+    if (stats_) stats_->all_gather_bytes += bytes * group;
+    gather_work_ = groups_.shard->all_gather(gather_source_, gathered_records_);
+  }
+  if (stats_) ++stats_->all_gather_calls;
   return true;
+}
+
+void Unit::complete_gather() {
+  if (!gather_work_) return;
+  gather_work_->wait();
+  gather_work_.reset();
+  gather_source_ = torch::Tensor();
+  if (!gathered_records_.defined()) return;
+  torch::NoGradGuard no_grad;
+  const int64_t shard = flat_.shard_numel();
+  const int64_t bytes = gathered_records_.numel() / groups_.shard->size();
+  auto full = flat_.full_for_writing();
+  for (int r = 0; r < groups_.shard->size(); ++r) {
+    full.narrow(0, r * shard, shard)
+        .copy_(decode_record(param_format_, compression_.block_size, gathered_records_.narrow(0, r * bytes, bytes), shard));
+  }
+  gathered_records_ = torch::Tensor();
 }
 
 void Unit::finish_unshard() {
   if (!gather_work_ && !flat_.using_full_views()) start_unshard();
-  if (gather_work_) {
-    gather_work_->wait();
-    gather_work_.reset();
-    gather_source_ = torch::Tensor();
-  }
+  complete_gather();
   if (!flat_.using_full_views()) flat_.use_full_views();
 }
 
 void Unit::reshard(bool free_full) {
-  if (gather_work_) {  // a prefetch that was never used
-    gather_work_->wait();
-    gather_work_.reset();
-    gather_source_ = torch::Tensor();
-  }
+  // A prefetch that was never used: OptimizerOnly keeps the buffer, so it
+  // must hold what arrived.
+  complete_gather();
   if (flat_.using_full_views()) flat_.use_shard_views();
   if (free_full) flat_.free_full();
 }
@@ -137,17 +175,52 @@ void Unit::reduce_gradients(bool sync) {
   full_gradient_ = full;
   reduction_started_ = true;
   const trace::Label label("unit", index_, trace_name_);
+  if (stats_) ++stats_->reduce_scatter_calls;
   if (fsdp_rules::reduces_in_place(options_.strategy)) {
+    if (stats_) stats_->reduce_scatter_bytes += static_cast<int64_t>(full.nbytes());
     reduce_work_ = groups_.shard->all_reduce(full_gradient_, ReduceOp::Avg);
-  } else {
+  } else if (grad_format_ == fsdp_rules::WireFormat::Plain) {
+    if (stats_) stats_->reduce_scatter_bytes += static_cast<int64_t>(full.nbytes());
     shard_gradient_ = torch::empty({flat_.shard_numel()}, full.options());
     reduce_work_ = groups_.shard->reduce_scatter(full_gradient_, shard_gradient_, ReduceOp::Avg);
+  } else {
+    // The Communicator widens a bf16 reduction to fp32 before a backend sees
+    // it (Note [backend contract]), so a narrow reduce-scatter would send
+    // fp32. Instead: each destination rank's chunk encoded, one all-to-all
+    // of bytes, and the receiver sums the chunks in fp32.
+    const int group = groups_.shard->size();
+    const int64_t shard = flat_.shard_numel();
+    const int64_t bytes = fsdp_rules::record_bytes(grad_format_, shard, compression_.block_size, 0);
+    const auto byte_options = full.options().dtype(torch::kByte);
+    auto send = torch::empty({bytes * group}, byte_options);
+    for (int r = 0; r < group; ++r)
+      encode_record(grad_format_, compression_.block_size, full.narrow(0, r * shard, shard), send.narrow(0, r * bytes, bytes));
+    full_gradient_ = send;  // the full-size gradient itself is freed here
+    gradient_records_ = torch::empty({bytes * group}, byte_options);
+    if (stats_) stats_->reduce_scatter_bytes += bytes * group;
+    reduce_work_ = groups_.shard->all_to_all(send, gradient_records_);
   }
+}
+
+void Unit::complete_compressed_reduction() {
+  if (!gradient_records_.defined()) return;
+  torch::NoGradGuard no_grad;
+  const int group = groups_.shard->size();
+  const int64_t shard = flat_.shard_numel();
+  const int64_t bytes = gradient_records_.numel() / group;
+  // In rank order, so every run sums the same way.
+  auto sum = torch::zeros({shard}, gradient_records_.options().dtype(torch::kFloat));
+  for (int r = 0; r < group; ++r)
+    sum.add_(decode_record(grad_format_, compression_.block_size, gradient_records_.narrow(0, r * bytes, bytes), shard));
+  sum.div_(group);  // ReduceOp::Avg, as the plain reduce-scatter divides
+  shard_gradient_ = sum.to(options_.mixed_precision.reduce_dtype);
+  gradient_records_ = torch::Tensor();
 }
 
 void Unit::wait_reduction() {
   if (!reduce_work_) return;
   reduce_work_->wait();
+  complete_compressed_reduction();
   // OptimizerOnly's .grad will view the all-reduced buffer; the others only need the shard.
   if (!fsdp_rules::reduces_in_place(options_.strategy)) full_gradient_ = torch::Tensor();
 }
@@ -157,12 +230,14 @@ void Unit::finish_gradients() {
   torch::NoGradGuard no_grad;
   reduce_work_->wait();
   reduce_work_.reset();
+  complete_compressed_reduction();
   if (fsdp_rules::reduces_in_place(options_.strategy)) {
     shard_gradient_ = full_gradient_.narrow(0, groups_.shard->rank() * flat_.shard_numel(), flat_.shard_numel());
   }
   full_gradient_ = torch::Tensor();
   if (groups_.replicate && groups_.replicate->size() > 1) {
     const trace::Label label("unit", index_, trace_name_);
+    if (stats_) stats_->replica_all_reduce_bytes += static_cast<int64_t>(shard_gradient_.nbytes());
     groups_.replicate->all_reduce(shard_gradient_, ReduceOp::Avg)->wait();
   }
   // Gradients in the master dtype, shaped like the parameters' shards.

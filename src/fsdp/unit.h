@@ -31,6 +31,7 @@
 #pragma once
 
 #include "fsdp/flat_parameter.h"
+#include "fsdp/schedule_rules.h"
 
 #include <dtrain/comm.h>
 #include <dtrain/fsdp.h>
@@ -106,6 +107,12 @@ class Unit {
 
   int64_t expected_gradients() const { return expected_gradients_; }
 
+  // Where the unit counts the bytes it hands to collectives (FSDPState's
+  // running step); nullptr: not counted.
+  void count_bytes_in(FSDPStepStats* stats) { stats_ = stats; }
+  // This unit's compression (FSDPOptions::compression, or its override).
+  const CollectiveCompression& compression() const { return compression_; }
+
   // The unit's place in FSDPState::units() (0: the root), for traces.
   int index() const { return index_; }
   void set_index(int index) { index_ = index; }
@@ -125,8 +132,22 @@ class Unit {
   TrainingState state_ = TrainingState::Idle;
   void transition(TrainingState from, TrainingState to);
 
+  // Compressed collectives: the formats actually sent (Plain when not
+  // compressed, or in a one-rank group) and the records in flight.
+  CollectiveCompression compression_;
+  fsdp_rules::WireFormat param_format_ = fsdp_rules::WireFormat::Plain;
+  fsdp_rules::WireFormat grad_format_ = fsdp_rules::WireFormat::Plain;
+  torch::Tensor gathered_records_;   // every rank's encoded shard, until decoded into the full buffer
+  torch::Tensor gradient_records_;   // what this rank received from the all-to-all, until summed
+  FSDPStepStats* stats_ = nullptr;
+  // Waits for the gather and, when compressed, decodes every rank's record
+  // (this rank's included) into the full buffer.
+  void complete_gather();
+  // After the all-to-all: sums the received records in fp32 into shard_gradient_.
+  void complete_compressed_reduction();
+
   WorkPtr gather_work_;
-  torch::Tensor gather_source_;  // the shard in compute dtype, alive while gathering
+  torch::Tensor gather_source_;  // the shard in compute dtype (or its record), alive while gathering
 
   std::vector<char> ready_;
   int64_t expected_gradients_ = 0;
@@ -134,7 +155,7 @@ class Unit {
   std::vector<torch::Tensor> stashed_;       // shard-shaped grads from before this backward
   torch::Tensor unsynced_full_gradient_;     // no_sync accumulation, reduce dtype
   bool reduction_started_ = false;
-  torch::Tensor full_gradient_;              // being reduced (OptimizerOnly: in place)
+  torch::Tensor full_gradient_;              // being reduced (OptimizerOnly: in place; compressed: the records sent)
   torch::Tensor shard_gradient_;             // reduction result (reduce dtype)
   WorkPtr reduce_work_;
 };

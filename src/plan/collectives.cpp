@@ -6,7 +6,13 @@
 // what this rank sends with ring algorithms, (G-1)/G of the payload for
 // all-gather and reduce-scatter and 2(G-1)/G for all-reduce; MPI and Gloo
 // pick other algorithms for some sizes, which move as much or more.
+// Compressed units (FSDPOptions::compression) hand over records instead:
+// G records of the shard for an all-gather, and for gradients an all-to-all
+// of G records (one per destination) in place of the reduce-scatter, which
+// sends (G-1)/G of its buffer as a ring reduce-scatter does.
 #include "plan/plan_internal.h"
+
+#include "fsdp/schedule_rules.h"
 
 #include <dtrain/ddp.h>
 
@@ -59,7 +65,7 @@ void add_ddp_buckets(const ModelSpec& model, const Layout& layout, Plan& plan) {
 
 }  // namespace
 
-void count_collectives(const ModelSpec& model, const Layout& layout, Plan& plan) {
+void count_collectives(const ModelSpec& model, const Layout& layout, const FSDPOptions& fsdp, Plan& plan) {
   if (layout.ddp) {
     add_ddp_buckets(model, layout, plan);
     if (model.buffer_bytes > 0) add(plan, "broadcast", "buffers from rank 0", layout.world_size, model.buffer_bytes);
@@ -70,12 +76,24 @@ void count_collectives(const ModelSpec& model, const Layout& layout, Plan& plan)
     for (size_t u = 0; u < model.units.size(); ++u) {
       if (model.units[u].parameters.empty()) continue;
       const auto flat = flat_layout(model.units[u], layout);
+      // Unit::Unit's choice of formats.
+      const auto found = fsdp.compression_by_unit.find(model.units[u].name);
+      const auto& compression = found != fsdp.compression_by_unit.end() ? found->second : fsdp.compression;
+      auto param_format = fsdp_rules::effective_format(fsdp_rules::wire_format(compression.params), G);
+      if (param_format == fsdp_rules::WireFormat::BF16 && layout.compute_bytes == 2)
+        param_format = fsdp_rules::WireFormat::Plain;
+      const auto grad_format = fsdp_rules::effective_format(fsdp_rules::wire_format(compression.grads), G);
+      const int64_t gathered = G * fsdp_rules::record_bytes(param_format, flat.shard, compression.block_size,
+                                                           layout.compute_bytes);
       if (gathers) {
-        add(plan, "all_gather", "parameters, forward", G, flat.padded * layout.compute_bytes);
-        if (regather && u != 0) add(plan, "all_gather", "parameters, backward", G, flat.padded * layout.compute_bytes);
+        add(plan, "all_gather", "parameters, forward", G, gathered);
+        if (regather && u != 0) add(plan, "all_gather", "parameters, backward", G, gathered);
       }
       if (layout.strategy == Sharding::OptimizerOnly) {
         add(plan, "all_reduce", "gradients", G, flat.padded * layout.reduce_bytes);
+      } else if (grad_format != fsdp_rules::WireFormat::Plain) {
+        add(plan, "all_to_all", "gradients, compressed", G,
+            G * fsdp_rules::record_bytes(grad_format, flat.shard, compression.block_size, layout.reduce_bytes));
       } else {
         add(plan, "reduce_scatter", "gradients", G, flat.padded * layout.reduce_bytes);
       }

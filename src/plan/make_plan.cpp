@@ -114,7 +114,7 @@ Plan make_plan(const ModelSpec& model, const PlanOptions& options) {
   }
   detail::simulate_step(model, layout, options.fsdp, plan);
   detail::simulate_construction(model, layout, options.init_from, plan);
-  detail::count_collectives(model, layout, plan);
+  detail::count_collectives(model, layout, options.fsdp, plan);
   return plan;
 }
 

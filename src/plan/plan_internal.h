@@ -39,7 +39,8 @@ void simulate_step(const ModelSpec& model, const Layout& layout, const FSDPOptio
 // Replays the start of a run; fills construction and construction_moment.
 void simulate_construction(const ModelSpec& model, const Layout& layout, bool init_from, Plan& plan);
 
-// Fills collectives, payload_bytes_per_step and wire_bytes_per_step.
-void count_collectives(const ModelSpec& model, const Layout& layout, Plan& plan);
+// Fills collectives, payload_bytes_per_step and wire_bytes_per_step (with
+// fsdp's compression: its records' bytes, fsdp_rules::record_bytes).
+void count_collectives(const ModelSpec& model, const Layout& layout, const FSDPOptions& fsdp, Plan& plan);
 
 }  // namespace dtrain::plan::detail

@@ -176,7 +176,8 @@ void check_train_config(const TrainConfig& c, int world_size) {
   check_data(c);
 
   train::check_strategy({.name = c.strategy, .compress = c.compress, .mixed_precision = c.mixed_precision,
-                         .fsdp_prefetch = c.fsdp_prefetch},
+                         .fsdp_prefetch = c.fsdp_prefetch,
+                         .fsdp_compress = c.fsdp_compress},
                         world_size);
   check_features(c, strategy_info(c.strategy));
   check_ps_and_straggler_flags(c, world_size);

@@ -16,7 +16,8 @@ plan::Plan plan_for(const TrainConfig& config, const std::string& strategy, int 
   plan::set_strategy(options, strategy);
   const bool sharded = strategy_info(strategy).engine == StrategyEngine::FSDP;
   if (sharded) {
-    options.fsdp = fsdp_options({.name = strategy, .compress = "none", .mixed_precision = config.mixed_precision},
+    options.fsdp = fsdp_options({.name = strategy, .compress = "none", .mixed_precision = config.mixed_precision,
+                                 .fsdp_compress = config.fsdp_compress},
                                 world_size);
   }
   options.world_size = world_size;

@@ -136,6 +136,7 @@ FSDPOptions fsdp_options(const StrategyOptions& options, int world_size) {
   // Three steps of each after two warm-up steps: enough for a median that a
   // single disturbed step does not decide (Note [prefetch tuning]).
   if (options.fsdp_prefetch == "auto") fsdp.prefetch_tuning_steps = 3;
+  fsdp.compression = parse_collective_compression(options.fsdp_compress);
   return fsdp;
 }
 
@@ -162,6 +163,19 @@ void check_strategy(const StrategyOptions& options, int world_size) {
                                 " sets the FSDP engine's all-gather prefetch: it needs --strategy " +
                                 strategy_list([](const StrategyInfo& r) { return r.engine == StrategyEngine::FSDP; }) +
                                 ", not " + options.name);
+  const auto fsdp_compress = parse_collective_compression(options.fsdp_compress);  // throws naming the flag
+  if (fsdp_compress != CollectiveCompression{}) {
+    if (!row.fsdp_compression)
+      throw std::invalid_argument("--fsdp-compress compresses the sharded strategies' all-gathers and reduce-scatters: "
+                                  "it needs --strategy " +
+                                  strategy_list([](const StrategyInfo& r) { return r.fsdp_compression; }) + ", not " +
+                                  options.name + (row.compression ? " (ddp compresses with --compress)" : ""));
+    if (row.sharding == Sharding::OptimizerOnly && fsdp_compress.grads != GradCompression::None)
+      throw std::invalid_argument(std::string("--fsdp-compress grads=") + to_string(fsdp_compress.grads) +
+                                  ": --strategy " + options.name +
+                                  " all-reduces gradients (no reduce-scatter to compress); use grads=none with it, "
+                                  "or --strategy zero2, fsdp or hsdp");
+  }
   if (options.mixed_precision != "none" && options.mixed_precision != "bf16")
     throw std::invalid_argument("--mixed-precision '" + options.mixed_precision + "' is not one of none, bf16");
   // Note: bf16 compute with fp32 master weights belongs to the sharded

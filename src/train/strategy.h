@@ -67,6 +67,7 @@ struct StrategyOptions {
   std::string compress = "none";         // ddp: a comm hook (dtrain::hooks::by_name)
   std::string mixed_precision = "none";
   std::string fsdp_prefetch = "auto";    // zero1 / zero2 / fsdp / hsdp: on | off | auto
+  std::string fsdp_compress = "none";    // sharded: dtrain::parse_collective_compression
 };
 
 // zero1 / zero2 / fsdp / hsdp as the FSDPOptions wrap_model uses on

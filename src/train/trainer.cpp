@@ -154,7 +154,7 @@ void DataParallelRun::build() {
   model_ = train::build_model(config_, deferred);
   strategy_ = train::wrap_model(
       model_, {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision,
-               .fsdp_prefetch = config_.fsdp_prefetch},
+               .fsdp_prefetch = config_.fsdp_prefetch, .fsdp_compress = config_.fsdp_compress},
       world_);
   if (!config_.init_from.empty()) {
     memory::set_phase("load of --init-from " + config_.init_from);

@@ -303,6 +303,28 @@ TEST_P(Collectives, ReduceScatter) {
   }
 }
 
+// Chunk j of rank r's input lands as chunk r of rank j's output, byte for
+// byte (all_to_all moves data and reduces nothing, so bf16 stays bf16).
+TEST_P(Collectives, AllToAll) {
+  const auto dtype = GetParam();
+  const int world_size = world().size();
+  const int rank = world().rank();
+  int salt = 250;
+  for (int64_t chunk : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{1000}}) {
+    ++salt;
+    const auto what = describe_case("all_to_all", dtype, chunk * world_size);
+    auto in = input(dtype, rank, 0, chunk * world_size, salt);
+    const auto in_before = in.clone();
+    auto out = sentinel_filled(chunk * world_size, dtype);
+    wait_completed(world().all_to_all(in, out), what);
+    std::vector<torch::Tensor> expected;
+    for (int r = 0; r < world_size; ++r)
+      expected.push_back(input(dtype, r, 0, chunk * world_size, salt).narrow(0, rank * chunk, chunk).to(wide_type(dtype)));
+    EXPECT_TRUE(matches(out, torch::cat(expected), dtype, /*exact=*/true, what));
+    EXPECT_TRUE(torch::equal(in, in_before)) << what << ": all_to_all modified its input";
+  }
+}
+
 TEST_P(Collectives, BroadcastFromEveryRoot) {
   const auto dtype = GetParam();
   const int rank = world().rank();
@@ -626,6 +648,16 @@ TEST(Errors, InvalidArgumentsThrowAtTheCall) {
   EXPECT_THROW(world().reduce_scatter(full7.to(torch::kInt), good_shard.to(torch::kInt), ReduceOp::Avg), CommError)
       << "reduce_scatter avg on int32";
   EXPECT_THROW(world().all_reduce(torch::zeros({3}, torch::kLong), ReduceOp::Avg), CommError) << "avg on int64";
+
+  const auto even = torch::zeros({2 * world_size});
+  EXPECT_THROW(world().all_to_all(even, torch::zeros({2 * world_size + 1})), CommError) << "all_to_all sizes differ";
+  EXPECT_THROW(world().all_to_all(even, torch::zeros({2 * world_size}, torch::kDouble)), CommError)
+      << "all_to_all dtypes differ";
+  if (world_size > 1) {
+    EXPECT_THROW(world().all_to_all(torch::zeros({2 * world_size + 1}), torch::zeros({2 * world_size + 1})), CommError)
+        << "all_to_all chunks uneven";
+  }
+  EXPECT_THROW(world().all_to_all(even, even), CommError) << "all_to_all in place";
 
   EXPECT_THROW(world().broadcast(t, -1), CommError) << "broadcast root -1";
   EXPECT_THROW(world().broadcast(t, world_size), CommError) << "broadcast root == size";

@@ -13,7 +13,15 @@
         variant's within the tolerance: same seed, same global batch, any number
         of ranks, the same loss curve.
 
-    Both take --final-check "EXPR" (repeatable): a Python expression over the
+    check_train.py close-losses --variant "ARGS" --variant "ARGS"... [--relative 0.03] [--last 20] \\
+            DTRAIN -- TRAIN_ARGS...
+        Runs each variant as same-losses does and checks that where each one
+        ends (the final evaluation loss, and the mean training loss of the
+        last --last steps) is within --relative of the first variant's: for
+        lossy changes (compressed collectives) that must train as well, not
+        alike step by step.
+
+    All take --final-check "EXPR" (repeatable): a Python expression over the
     final record's fields (of the last variant, for same-losses) that must be
     true, e.g. --final-check "max_staleness <= 3".
 """
@@ -116,6 +124,32 @@ def command_same_losses(args, workdir):
           % (len(runs), len(reference), worst))
 
 
+def command_close_losses(args, workdir):
+    runs = []
+    for index, variant in enumerate(args.variant):
+        path = os.path.join(workdir, "metrics-%d.jsonl" % index)
+        train(args.dtrain, args.train_args + shlex.split(variant) + ["--log-every", "1"], path)
+        records = read_metrics(path)
+        losses = [r["loss"] for r in records if "loss" in r and "final" not in r]
+        final = records[-1]
+        if len(losses) < args.last or final.get("eval_loss") is None:
+            fail("%r logged %d steps and eval_loss %s" % (variant, len(losses), final.get("eval_loss")))
+        ending = {"eval_loss": final["eval_loss"], "last_losses": sum(losses[-args.last:]) / args.last}
+        print("check_train: %r: eval_loss %.4f, mean loss of the last %d steps %.4f"
+              % (variant, ending["eval_loss"], args.last, ending["last_losses"]))
+        runs.append((variant, ending, final))
+    reference_variant, reference, _ = runs[0]
+    for variant, ending, _ in runs[1:]:
+        for field, value in ending.items():
+            relative = abs(value - reference[field]) / abs(reference[field])
+            if not math.isfinite(value) or relative > args.relative:
+                fail("%s %.4f with %r is %.1f%% from %.4f with %r (allowed %.1f%%)"
+                     % (field, value, variant, 100 * relative, reference[field], reference_variant,
+                        100 * args.relative))
+    check_expressions(runs[-1][2], args.final_check)
+    print("check_train: PASS: %d variants end within %.1f%% of %r" % (len(runs), 100 * args.relative, reference_variant))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -130,14 +164,23 @@ def main():
     same.add_argument("--tolerance", type=float, default=1e-4)
     same.add_argument("--final-check", action="append")
     same.add_argument("train_args", nargs=argparse.REMAINDER)
+    close = sub.add_parser("close-losses")
+    close.add_argument("dtrain")
+    close.add_argument("--variant", action="append", required=True)
+    close.add_argument("--relative", type=float, default=0.03)
+    close.add_argument("--last", type=int, default=20)
+    close.add_argument("--final-check", action="append")
+    close.add_argument("train_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     if args.train_args[:1] == ["--"]:
         args.train_args = args.train_args[1:]
-    if args.command == "same-losses" and len(args.variant) < 2:
-        parser.error("same-losses needs at least two --variant")
+    if args.command in ("same-losses", "close-losses") and len(args.variant) < 2:
+        parser.error(args.command + " needs at least two --variant")
     with tempfile.TemporaryDirectory(prefix="dtrain-train-test-") as workdir:
         if args.command == "run":
             command_run(args, workdir)
+        elif args.command == "close-losses":
+            command_close_losses(args, workdir)
         else:
             command_same_losses(args, workdir)
     return 0

@@ -55,6 +55,17 @@ c10::intrusive_ptr<c10d::Work> reduce_scatter_single(Group& group, at::Tensor& o
   }
 }
 
+// LibTorch 2.15 renamed alltoall_base to all_to_all_single; 2.11 has only the old name.
+template <class Group>
+c10::intrusive_ptr<c10d::Work> all_to_all_single(Group& group, at::Tensor& out, at::Tensor& in,
+                                                 std::vector<int64_t>& splits) {
+  if constexpr (requires { group.all_to_all_single(out, in, splits, splits); }) {
+    return group.all_to_all_single(out, in, splits, splits);
+  } else {
+    return group.alltoall_base(out, in, splits, splits);
+  }
+}
+
 // Moving data only needs the element size; these dtypes every group supports.
 torch::Tensor as_transport(const torch::Tensor& t) {
   switch (t.element_size()) {
@@ -135,6 +146,13 @@ class C10dBackend final : public Backend {
     auto padded_out = torch::empty({piece}, shard.options());
     wait_for(reduce_scatter_single(group, padded_out, padded_in, options), "reduce_scatter_single");
     shard.copy_(padded_out.narrow(0, 0, shard.numel()));
+  }
+
+  void all_to_all(const torch::Tensor& input, torch::Tensor& output) override {
+    auto in = as_transport(input);
+    auto out = as_transport(output);
+    std::vector<int64_t> equal_splits;  // empty: equal chunks
+    wait_for(all_to_all_single(group_for(input), out, in, equal_splits), "all_to_all_single");
   }
 
   void broadcast(torch::Tensor& tensor, int root) override {

@@ -202,6 +202,12 @@ class MpiBackend final : public Backend {
     complete(request, "MPI_Ireduce_scatter");
   }
 
+  void all_to_all(const torch::Tensor& input, torch::Tensor& output) override {
+    const MPI_Datatype type = transport_type(input);
+    const int count = checked_count(input.numel() / size_);
+    check_mpi(MPI_Alltoall(input.data_ptr(), count, type, output.data_ptr(), count, type, comm_), "MPI_Alltoall");
+  }
+
   void broadcast(torch::Tensor& tensor, int root) override {
     const int count = checked_count(tensor.numel());
     if (!nonblocking(tensor.nbytes())) {
