@@ -17,7 +17,8 @@ std::vector<int> agreed_gradient_order(Communicator& comm, const std::vector<int
   for (int p : reverse_registration_order(parameters)) {
     if (!seen[p]) order.push_back(p);
   }
-  if (comm.size() == 1) return order;
+  // One rank, or one parameter: there is no other order to agree on.
+  if (comm.size() == 1 || parameters < 2) return order;
   auto shared = torch::tensor(std::vector<int32_t>(order.begin(), order.end()), torch::kInt32);
   comm.broadcast(shared, 0)->wait();
   bytes_sent += shared.numel() * static_cast<int64_t>(sizeof(int32_t));
