@@ -6,6 +6,9 @@
 // the bucket holds the (possibly approximate) global average. Hooks are
 // chosen per model (DDPOptions::comm_hook); one hook object serves one model,
 // since compressing hooks keep per-bucket state (error feedback, warm starts).
+// Buckets may change members once, after the first synchronised step
+// (DDPOptions::rebuild_buckets): state kept by bucket index must check
+// GradBucket::names (PowerSGD and top-k start that bucket afresh).
 #pragma once
 
 #include <dtrain/comm.h>

@@ -34,15 +34,27 @@ struct DDPOptions {
   // gradients come first) is small so communication starts early.
   int64_t bucket_cap_bytes = 25 << 20;
   int64_t first_bucket_cap_bytes = 1 << 20;
-  // Make each parameter's .grad a view into its bucket: no copy into the
-  // bucket, no second copy of the gradients in memory. Assigning a fresh
-  // tensor to .grad (zero_grad with set_to_none) undoes the view; DDP then
-  // copies once and restores it.
-  bool gradient_as_bucket_view = false;
+  // Each parameter's .grad is a view into its bucket (as PyTorch's option of
+  // the same name): backward accumulates straight into the bucket and the
+  // average is .grad, with no copy and no second copy of the gradients in
+  // memory. A .grad that is not the view (zero_grad() with its default
+  // set_to_none, or one assigned by the user) is copied in once and
+  // replaced by the view; a gradient that cannot be one (a non-contiguous
+  // parameter, another dtype) is copied in and out. false: always copy.
+  bool gradient_as_bucket_view = true;
   // Allow parameters that get no gradient in a backward pass (a branch not
   // taken). Costs one small all-reduce per step; parameters unused on every
   // rank keep their gradient as it was.
   bool find_unused_parameters = false;
+  // After the first synchronised backward, re-bucket the parameters in the
+  // order their gradients became ready there (rank 0's order, the same on
+  // every rank), with the same caps, so buckets fill in backward's order.
+  bool rebuild_buckets = true;
+  // The user promises every iteration uses the same parameters. With
+  // find_unused_parameters, the used-parameter all-reduce then runs in the
+  // first iteration only, and parameters unused then are marked ready as
+  // each backward starts. A broken promise is an error when it shows.
+  bool static_graph = false;
   // Copy rank 0's buffers (e.g. BatchNorm running statistics) to every rank
   // before each forward made through DDP.
   bool broadcast_buffers = true;

@@ -1,7 +1,8 @@
 #include "ddp/reducer.h"
 
-#include "common/tensor_alias.h"
 #include "ddp/bucket_assignment.h"
+#include "ddp/gradient_copy.h"
+#include "ddp/gradient_order.h"
 
 #include <dtrain/trace.h>
 
@@ -11,6 +12,7 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
@@ -30,11 +32,6 @@ class GradientReadyHook : public torch::autograd::PostAccumulateGradHook {
   int parameter_;
 };
 
-bool is_view_of(const torch::Tensor& grad, const torch::Tensor& slot) {
-  return grad.defined() && grad.data_ptr() == slot.data_ptr() && grad.sizes() == slot.sizes() &&
-         grad.strides() == slot.strides();
-}
-
 std::string list_names(const std::vector<std::string>& names, size_t shown) {
   std::string text;
   for (size_t i = 0; i < names.size() && i < shown; ++i) text += (i ? ", " : "") + names[i];
@@ -51,24 +48,12 @@ Reducer::Reducer(std::vector<std::string> names, std::vector<torch::Tensor> para
       comm_(std::move(comm)),
       options_(options),
       hook_(options.comm_hook ? options.comm_hook : hooks::allreduce()) {
-  slots_.resize(parameters_.size());
-  for (auto& members : assign_buckets(parameters_, options_.bucket_cap_bytes, options_.first_bucket_cap_bytes)) {
-    Bucket bucket;
-    bucket.grads.index = static_cast<int>(buckets_.size());
-    int64_t total = 0;
-    for (int p : members) total += parameters_[p].numel();
-    bucket.grads.buffer = torch::zeros({total}, parameters_[members.front()].options().requires_grad(false));
-    int64_t offset = 0;
-    for (size_t position = 0; position < members.size(); ++position) {
-      const auto& param = parameters_[members[position]];
-      bucket.grads.gradients.push_back(alias_of(bucket.grads.buffer, offset, param.sizes()));
-      bucket.grads.names.push_back(names_[members[position]]);
-      slots_[members[position]] = Slot{bucket.grads.index, static_cast<int>(position)};
-      offset += param.numel();
-    }
-    bucket.members = std::move(members);
-    buckets_.push_back(std::move(bucket));
-  }
+  const auto order = reverse_registration_order(parameters_.size());
+  buckets_ = build_buckets(
+      assign_buckets(parameters_, order, options_.bucket_cap_bytes, options_.first_bucket_cap_bytes), parameters_,
+      names_);
+  for (const auto& param : parameters_) viewable_.push_back(options_.gradient_as_bucket_view && param.is_contiguous());
+  buckets_rebuilt_ = !options_.rebuild_buckets;
   reset_iteration();
   install_hooks();
 }
@@ -96,16 +81,42 @@ void Reducer::remove_hooks() {
   }
 }
 
-torch::Tensor& Reducer::slot_view(int parameter) {
-  const auto& slot = slots_[parameter];
-  return buckets_[slot.bucket].grads.gradients[slot.position];
+void Reducer::on_gradient_ready(int parameter) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!sync_) return;
+  if (!finalize_queued_) start_backward();
+  if (ready_[parameter]) {
+    const bool promised_unused =
+        std::find(static_unused_.begin(), static_unused_.end(), parameter) != static_unused_.end();
+    throw std::logic_error(
+        "DDP: parameter '" + names_[parameter] +
+        (promised_unused ? "' got a gradient, but it got none in the first iteration and DDPOptions::static_graph "
+                           "promises the same parameters are used in every iteration."
+                         : "' received its gradient twice in one backward pass (its hook fired twice)."));
+  }
+  if (!buckets_rebuilt_) arrival_order_.push_back(parameter);
+  stage_gradient(parameter);
+  mark_ready(parameter, true);
 }
 
-void Reducer::copy_gradient_into_slot(int parameter) {
-  torch::NoGradGuard no_grad;
+void Reducer::start_backward() {
+  finalize_queued_ = true;
+  backward_started_ns_ = trace::enabled() ? trace::now_ns() : -1;
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
+  // static_graph: what got no gradient in the first pass gets none now
+  // either; its zeros (or no_sync sum) go in at once, not at the end.
+  for (int p : static_unused_) {
+    const bool has_gradient = parameters_[p].grad().defined();
+    stage_gradient(p);
+    mark_ready(p, has_gradient);
+  }
+}
+
+void Reducer::stage_gradient(int parameter) {
   auto& grad = parameters_[parameter].mutable_grad();
-  auto& slot = slot_view(parameter);
+  auto& slot = buckets_.slot(parameter);
   if (!grad.defined()) {
+    torch::NoGradGuard no_grad;
     slot.zero_();
     return;
   }
@@ -114,33 +125,30 @@ void Reducer::copy_gradient_into_slot(int parameter) {
                                 "' has a sparse gradient, which DDP does not reduce; use a dense layer (e.g. "
                                 "Embedding without sparse=true).");
   }
-  if (is_view_of(grad, slot)) return;
-  slot.copy_(grad);
-  // Free the separate gradient now rather than after backward.
-  if (options_.gradient_as_bucket_view) grad = slot;
+  if (is_view_of(grad, slot)) return;  // backward accumulated into the bucket
+  const auto& where = buckets_.slots[parameter];
+  stage(buckets_.buckets[where.bucket], where.position, grad);
 }
 
-void Reducer::on_gradient_ready(int parameter) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!sync_) return;
-  if (!finalize_queued_) {
-    finalize_queued_ = true;
-    backward_started_ns_ = trace::enabled() ? trace::now_ns() : -1;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
-  }
-  if (ready_[parameter]) {
-    throw std::logic_error("DDP: parameter '" + names_[parameter] +
-                           "' received its gradient twice in one backward pass (its hook fired twice).");
-  }
-  copy_gradient_into_slot(parameter);
+void Reducer::mark_ready(int parameter, bool used) {
   ready_[parameter] = 1;
-  used_[parameter] = 1;
-  if (--buckets_[slots_[parameter].bucket].missing == 0) launch_complete_buckets();
+  used_[parameter] = used ? 1 : 0;
+  auto& bucket = buckets_.buckets[buckets_.slots[parameter].bucket];
+  if (--bucket.missing > 0) return;
+  for (int position : copy_staged(bucket)) {
+    // Free the separate gradient now rather than after backward.
+    const int p = bucket.members[position];
+    auto& grad = parameters_[p].mutable_grad();
+    const auto& slot = bucket.grads.gradients[position];
+    if (viewable_[p] && can_be_slot(grad, slot)) grad = slot;
+  }
+  launch_complete_buckets();
 }
 
 void Reducer::launch_complete_buckets() {
-  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].missing == 0) {
-    auto& bucket = buckets_[next_bucket_++];
+  auto& buckets = buckets_.buckets;
+  while (next_bucket_ < buckets.size() && buckets[next_bucket_].missing == 0) {
+    auto& bucket = buckets[next_bucket_++];
     trace::instant("bucket_ready", "ddp", {{"bucket", bucket.grads.index}});
     const trace::Label label("bucket", bucket.grads.index);
     HookContext context{*comm_, iteration_, 0};
@@ -169,11 +177,21 @@ void Reducer::account_for_missing_gradients() {
     // A gradient left from no_sync() steps still counts; otherwise this
     // rank contributes zeros.
     const bool has_gradient = parameters_[p].grad().defined();
-    copy_gradient_into_slot(p);
-    ready_[p] = 1;
-    used_[p] = has_gradient ? 1 : 0;
-    --buckets_[slots_[p].bucket].missing;
+    stage_gradient(p);
+    mark_ready(p, has_gradient);
   }
+  if (options_.static_graph && iteration_ == 0) static_unused_ = missing;
+}
+
+torch::Tensor Reducer::parameters_used_anywhere() {
+  if (options_.static_graph && static_used_anywhere_.defined()) return static_used_anywhere_;
+  auto used_anywhere = torch::tensor(used_, torch::kInt32);
+  if (comm_->size() > 1) {
+    comm_->all_reduce(used_anywhere, ReduceOp::Sum)->wait();
+    bytes_this_step_ += used_anywhere.numel() * 4;
+  }
+  if (options_.static_graph) static_used_anywhere_ = used_anywhere;
+  return used_anywhere;
 }
 
 void Reducer::finalize_backward() {
@@ -186,59 +204,80 @@ void Reducer::finalize_backward() {
   account_for_missing_gradients();
   launch_complete_buckets();
 
-  torch::Tensor used_anywhere;
-  WorkPtr used_reduction;
-  if (options_.find_unused_parameters) {
-    used_anywhere = torch::tensor(used_, torch::kInt32);
-    if (comm_->size() > 1) {
-      used_reduction = comm_->all_reduce(used_anywhere, ReduceOp::Sum);
-      bytes_this_step_ += used_anywhere.numel() * 4;
-    }
-  }
-
   const auto wait_start = std::chrono::steady_clock::now();
-  for (auto& bucket : buckets_) {
+  // The used-map's all-reduce queues behind the buckets on the
+  // communicator's thread, so waiting for it here costs no overlap.
+  torch::Tensor used_anywhere;
+  if (options_.find_unused_parameters) used_anywhere = parameters_used_anywhere();
+  for (auto& bucket : buckets_.buckets) {
     bucket.reduction->wait();
     bucket.reduction.reset();
   }
-  if (used_reduction) used_reduction->wait();
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
 
   write_back_gradients(used_anywhere);
+  if (!buckets_rebuilt_) rebuild_buckets_in_gradient_order();
   ++iteration_;
-  last_ = DDPStepStats{iteration_, bytes_this_step_, static_cast<int64_t>(buckets_.size()), waited};
+  last_ = DDPStepStats{iteration_, bytes_this_step_, static_cast<int64_t>(buckets_.buckets.size()), waited};
   trace::complete("ddp_backward", trace::category::compute, backward_started_ns_,
-                  {{"buckets", static_cast<int64_t>(buckets_.size())}});
+                  {{"buckets", static_cast<int64_t>(buckets_.buckets.size())}});
   trace::sample_memory();
 }
 
 void Reducer::write_back_gradients(const torch::Tensor& used_anywhere) {
   torch::NoGradGuard no_grad;
   const int32_t* used = used_anywhere.defined() ? used_anywhere.data_ptr<int32_t>() : nullptr;
+  std::vector<torch::Tensor> copy_to, copy_from;
   for (size_t i = 0; i < parameters_.size(); ++i) {
-    // Unused on every rank: the gradient stays as it was (usually undefined),
-    // exactly as in single-process training.
-    if (used && used[i] == 0) continue;
     auto& grad = parameters_[i].mutable_grad();
-    const auto& slot = slot_view(static_cast<int>(i));
-    if (options_.gradient_as_bucket_view) {
-      if (!is_view_of(grad, slot)) grad = slot;
+    if (used && used[i] == 0) {
+      // Unused on every rank: the gradient stays as it was (usually
+      // undefined), exactly as in single-process training.
+      if (used_[i] && options_.static_graph) {
+        throw std::runtime_error("DDP: parameter '" + names_[i] +
+                                 "' has a gradient, but no rank used it in the first iteration and "
+                                 "DDPOptions::static_graph promises the same parameters are used in every "
+                                 "iteration; construct DDP without static_graph.");
+      }
+      continue;
+    }
+    const auto& slot = buckets_.slot(static_cast<int>(i));
+    if (is_view_of(grad, slot)) continue;
+    if (viewable_[i] && (!grad.defined() || can_be_slot(grad, slot))) {
+      grad = slot;
     } else if (grad.defined()) {
-      grad.copy_(slot);
+      copy_to.push_back(grad);
+      copy_from.push_back(slot);
     } else {
       grad = slot.clone();
     }
   }
+  copy_all(copy_to, copy_from);
+}
+
+void Reducer::rebuild_buckets_in_gradient_order() {
+  buckets_rebuilt_ = true;
+  const auto order = agreed_gradient_order(*comm_, arrival_order_, parameters_.size(), bytes_this_step_);
+  arrival_order_ = {};
+  const auto assignment =
+      assign_buckets(parameters_, order, options_.bucket_cap_bytes, options_.first_bucket_cap_bytes);
+  if (assignment == buckets_.assignment()) return;
+  auto rebuilt = build_buckets(assignment, parameters_, names_);
+  carry_over(buckets_, rebuilt, parameters_);
+  buckets_ = std::move(rebuilt);
 }
 
 void Reducer::reset_iteration() {
   finalize_queued_ = false;
   ready_.assign(parameters_.size(), 0);
   used_.assign(parameters_.size(), 0);
+  if (!buckets_rebuilt_) arrival_order_.clear();
   next_bucket_ = 0;
   bytes_this_step_ = 0;
-  for (auto& bucket : buckets_) {
+  for (auto& bucket : buckets_.buckets) {
     bucket.missing = static_cast<int>(bucket.members.size());
+    bucket.staged.assign(bucket.members.size(), torch::Tensor());
+    bucket.staged_count = 0;
     bucket.reduction.reset();
   }
 }
@@ -259,8 +298,9 @@ DDPStepStats Reducer::last_step() const {
 }
 
 std::vector<std::vector<std::string>> Reducer::bucket_layout() const {
+  std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::vector<std::string>> layout;
-  for (const auto& bucket : buckets_) layout.push_back(bucket.grads.names);
+  for (const auto& bucket : buckets_.buckets) layout.push_back(bucket.grads.names);
   return layout;
 }
 

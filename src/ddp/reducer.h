@@ -1,12 +1,20 @@
 // The Reducer: DDP's gradient buckets and the autograd hooks that fill them.
 //
 // Note [DDP buckets]
-// - Parameters are grouped into buckets (bucket_assignment.h); bucket order
-//   is identical on every rank.
+// - Parameters are grouped into buckets (bucket_assignment.h), first in
+//   reverse registration order; bucket order is identical on every rank.
+//   Each bucket is one flat buffer; each parameter has a slot in it
+//   (buckets.h).
+// - With gradient_as_bucket_view (the default) .grad is the slot, so
+//   backward accumulates straight into the bucket and nothing is copied.
+//   A gradient that is not its slot (fresh after zero_grad()'s set_to_none,
+//   assigned by the user, or any gradient without views) is staged and
+//   copied in when its bucket is complete, all of the bucket's at once
+//   (gradient_copy.h); then .grad becomes the slot where it can
+//   (contiguous, same dtype: else it is kept and the average copied back).
 // - Each parameter carries a post-accumulate-grad hook. When it fires, the
-//   parameter's gradient is final for this backward pass: it is copied into
-//   its bucket slot (or already is the slot, with gradient_as_bucket_view) and
-//   the bucket's count of missing gradients drops.
+//   parameter's gradient is final for this backward pass; the bucket's
+//   count of missing gradients drops.
 // - Buckets are launched strictly in order: bucket i starts (comm hook ->
 //   collectives) once it is complete and buckets 0..i-1 have started. Every
 //   rank therefore issues the same collectives in the same order, whatever
@@ -14,15 +22,25 @@
 // - The first hook of a backward pass queues an end-of-backward callback
 //   (finalize). It accounts for parameters that got no gradient (zeros with
 //   find_unused_parameters, else an error naming them), launches what is
-//   left, waits for every bucket in order and writes the averages back into
-//   .grad. backward() returns only after that.
-// - Under no_sync() hooks do nothing; gradients accumulate in .grad and the
-//   next synchronised backward averages the accumulated sums.
+//   left, waits for every bucket in order and makes the averages .grad.
+//   backward() returns only after that.
+// - rebuild_buckets: the first synchronised pass records the order its
+//   gradients arrived in; its finalize takes rank 0's order
+//   (gradient_order.h), re-buckets with the same caps and carries every
+//   slot, and every .grad that was a view, over into the new buckets.
+// - static_graph with find_unused_parameters: the first pass's used map is
+//   kept (no all-reduce later) and the parameters this rank did not use
+//   are marked ready as each later pass starts.
+// - Under no_sync() hooks do nothing; gradients accumulate in .grad (in the
+//   bucket, when .grad is a view) and the next synchronised backward
+//   averages the accumulated sums.
 #pragma once
 
 #include <dtrain/comm.h>
 #include <dtrain/comm_hooks.h>
 #include <dtrain/ddp.h>
+
+#include "ddp/buckets.h"
 
 #include <torch/types.h>
 
@@ -50,25 +68,17 @@ class Reducer {
   std::vector<std::vector<std::string>> bucket_layout() const;
 
  private:
-  struct Bucket {
-    GradBucket grads;
-    std::vector<int> members;  // parameter indices, in slot order
-    int missing = 0;           // members whose gradient is not in yet
-    std::unique_ptr<PendingReduction> reduction;
-  };
-  struct Slot {
-    int bucket = 0;
-    int position = 0;  // index within the bucket's members
-  };
-
   void install_hooks();
   void remove_hooks();
-  torch::Tensor& slot_view(int parameter);
-  void copy_gradient_into_slot(int parameter);
+  void start_backward();
+  void stage_gradient(int parameter);
+  void mark_ready(int parameter, bool used);
   void launch_complete_buckets();
   void finalize_backward();
   void account_for_missing_gradients();
+  torch::Tensor parameters_used_anywhere();
   void write_back_gradients(const torch::Tensor& used_anywhere);
+  void rebuild_buckets_in_gradient_order();
   void reset_iteration();
 
   std::vector<std::string> names_;
@@ -76,8 +86,10 @@ class Reducer {
   CommPtr comm_;
   DDPOptions options_;
   CommHookPtr hook_;
-  std::vector<Bucket> buckets_;
-  std::vector<Slot> slots_;
+  BucketSet buckets_;
+  // Per parameter: .grad may be its bucket slot (gradient_as_bucket_view and
+  // a contiguous parameter, whose gradient AccumulateGrad makes contiguous).
+  std::vector<char> viewable_;
 
   mutable std::mutex mutex_;
   bool sync_ = true;
@@ -90,6 +102,15 @@ class Reducer {
   int64_t iteration_ = 0;
   DDPStepStats last_;
   int64_t backward_started_ns_ = -1;  // "ddp_backward" span (dtrain/trace.h), -1: not traced
+  // The order gradients arrived in during the first synchronised pass
+  // (rebuild_buckets); emptied once the buckets are rebuilt.
+  std::vector<int> arrival_order_;
+  bool buckets_rebuilt_ = false;
+  // static_graph: the used-anywhere map of the first synchronised pass, and
+  // the parameters this rank did not use in it (marked ready as each later
+  // backward starts, so their buckets need not wait for its end).
+  torch::Tensor static_used_anywhere_;
+  std::vector<int> static_unused_;
 };
 
 }  // namespace dtrain::detail

@@ -35,8 +35,11 @@
 //   * optimizer state is allocated per parameter piece, so a shard's
 //     padding has none.
 // - DDP (src/ddp/reducer.cpp): the full replica, one zeroed bucket buffer
-//   per parameter element made at construction, .grad at full size (copied
-//   into its bucket, all-reduced in place, copied back).
+//   per parameter element made at construction; .grad is a view into the
+//   bucket (DDPOptions::gradient_as_bucket_view), so after zero_grad()'s
+//   set_to_none each gradient is a fresh tensor only until its bucket is
+//   complete (copied in, then freed). Buckets fill in backward's order with
+//   the default caps (DDPBucketFill below).
 // - Activations: each unit's saved tensors are added in forward and
 //   removed during its backward (ModelSpec, src/plan/describe_model.cpp).
 //   The root runs first and last: its tail (after its children) is undone
@@ -46,6 +49,8 @@
 //   two temporaries of one parameter's size; SGD allocates none.
 #include "plan/plan_internal.h"
 #include "fsdp/schedule_rules.h"
+
+#include <dtrain/ddp.h>
 
 #include <algorithm>
 #include <deque>
@@ -346,6 +351,35 @@ class FSDPReplay {
 
 // ---------------------------------------------------------------- DDP
 
+// Fresh gradients waiting for their bucket to complete, in arrival order,
+// closed by the caps exactly as src/ddp/bucket_assignment.cpp closes them.
+class DDPBucketFill {
+ public:
+  // A gradient of `bytes` arrives; returns the bytes its bucket's completion
+  // frees (0 while the bucket is open).
+  int64_t arrive(int64_t bytes) {
+    int64_t freed = 0;
+    if (open_ > 0 && open_ + bytes > cap()) freed += close();
+    open_ += bytes;
+    if (open_ >= cap()) freed += close();
+    return freed;
+  }
+  // The end of backward completes the last bucket.
+  int64_t finish() { return open_ > 0 ? close() : 0; }
+
+ private:
+  int64_t cap() const { return first_ ? defaults_.first_bucket_cap_bytes : defaults_.bucket_cap_bytes; }
+  int64_t close() {
+    const int64_t freed = open_;
+    open_ = 0;
+    first_ = false;
+    return freed;
+  }
+  const DDPOptions defaults_;
+  int64_t open_ = 0;
+  bool first_ = true;
+};
+
 void replay_ddp(const ModelSpec& model, const Layout& layout, Plan& plan) {
   Timeline t;
   int64_t largest = 0;
@@ -370,6 +404,8 @@ void replay_ddp(const ModelSpec& model, const Layout& layout, Plan& plan) {
   t.mark_with(&MemoryBreakdown::activations, model.output_bytes, "backward: the loss's gradients");
   t.remove(&MemoryBreakdown::activations, model.output_bytes + model.loss_bytes + model.root_tail_activation_bytes);
   t.add(&MemoryBreakdown::gradients, model.root_tail_gradient_bytes);
+  DDPBucketFill fill;
+  int64_t freed = fill.arrive(model.root_tail_gradient_bytes);
   auto unit_backward = [&](const UnitSpec& unit) {
     t.add(&MemoryBreakdown::gradients, unit.gradients_at_workspace_peak * 4);
     t.mark_with(&MemoryBreakdown::activations, unit.backward_workspace_bytes, "backward: " + display(unit));
@@ -378,11 +414,19 @@ void replay_ddp(const ModelSpec& model, const Layout& layout, Plan& plan) {
     t.mark_with(&MemoryBreakdown::activations, unit.backward_end_workspace_bytes,
                 "backward: " + display(unit) + " computes its last gradients");
     t.add(&MemoryBreakdown::gradients, unit.numel() * 4);
-    if (&unit == &model.units[0]) t.remove(&MemoryBreakdown::gradients, model.root_tail_gradient_bytes);
+    if (&unit == &model.units[0]) {
+      t.remove(&MemoryBreakdown::gradients, model.root_tail_gradient_bytes);
+      freed += fill.arrive(unit.numel() * 4 - model.root_tail_gradient_bytes);  // the root's others, as one
+    } else {
+      for (auto p = unit.parameters.rbegin(); p != unit.parameters.rend(); ++p) freed += fill.arrive(p->numel * 4);
+    }
     t.mark("backward: " + display(unit) + " has its gradients");
+    t.remove(&MemoryBreakdown::gradients, freed);  // copied into complete buckets
+    freed = 0;
   };
   for (size_t u = model.units.size() - 1; u >= 1; --u) unit_backward(model.units[u]);
   unit_backward(model.units[0]);
+  t.remove(&MemoryBreakdown::gradients, fill.finish());
   t.mark_with(&MemoryBreakdown::activations, optimizer_temporary_bytes(layout, largest), "optimizer step");
   plan.peak = t.peak();
   plan.peak_moment = t.peak_moment();

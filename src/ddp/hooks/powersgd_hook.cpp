@@ -15,11 +15,14 @@
 #include <algorithm>
 #include <map>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 namespace dtrain::hooks {
 namespace {
 
 struct BucketState {
+  std::vector<std::string> names;  // the members the state belongs to
   torch::Tensor error;       // error feedback memory, like the bucket
   torch::Tensor q_flat;      // every compressed tensor's Q, packed
   at::Generator generator;   // same seed, same draws on every rank
@@ -193,7 +196,10 @@ class PowerSGDHook : public CommHook {
   BucketState& state_for(const GradBucket& bucket, const Layout& layout) {
     auto [it, fresh] = states_.try_emplace(bucket.index);
     BucketState& state = it->second;
-    if (fresh) {
+    // DDP rebuilds its buckets once, after the first step
+    // (DDPOptions::rebuild_buckets): a bucket with other members starts afresh.
+    if (fresh || state.names != bucket.names) {
+      state.names = bucket.names;
       state.error = torch::zeros_like(bucket.buffer);
       state.generator = at::make_generator<at::CPUGeneratorImpl>(options_.seed + 1000003ULL * bucket.index);
       auto q = torch::randn({layout.q_elements}, state.generator, torch::dtype(bucket.buffer.scalar_type()));

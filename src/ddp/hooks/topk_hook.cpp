@@ -11,6 +11,8 @@
 #include <limits>
 #include <map>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 namespace dtrain::hooks {
 namespace {
@@ -58,14 +60,16 @@ class TopKHook : public CommHook {
     }
     if (options_.error_feedback) {
       auto [it, fresh] = errors_.try_emplace(bucket.index);
-      if (fresh) it->second = torch::zeros_like(buffer);
-      buffer.add_(it->second);
+      // DDP rebuilds its buckets once, after the first step
+      // (DDPOptions::rebuild_buckets): a bucket with other members starts afresh.
+      if (fresh || it->second.names != bucket.names) it->second = {bucket.names, torch::zeros_like(buffer)};
+      buffer.add_(it->second.error);
     }
     const int64_t k = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(options_.ratio * n)), 1, n);
     auto chosen = std::get<1>(buffer.abs().topk(k, /*dim=*/0, /*largest=*/true, /*sorted=*/false));
     auto values = buffer.index_select(0, chosen);
     if (options_.error_feedback) {
-      auto& error = errors_[bucket.index];
+      auto& error = errors_[bucket.index].error;
       error.copy_(buffer);
       error.index_fill_(0, chosen, 0);
     }
@@ -82,7 +86,11 @@ class TopKHook : public CommHook {
 
  private:
   TopKOptions options_;
-  std::map<int, torch::Tensor> errors_;
+  struct ErrorMemory {
+    std::vector<std::string> names;  // the members it belongs to
+    torch::Tensor error;
+  };
+  std::map<int, ErrorMemory> errors_;
 };
 
 }  // namespace
