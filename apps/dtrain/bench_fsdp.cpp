@@ -64,7 +64,11 @@ constexpr double kWeightDecay = 0.01;
 // Per rank, what the tracking allocator does not see (LibTorch and MPI
 // themselves, thread stacks), for deciding which runs fit the machine.
 constexpr double kRuntimeAllowanceGiB = 0.4;
-const std::vector<std::string> kSpeedModes{"ddp", "fsdp", "fsdp-no-prefetch"};
+// fsdp-auto: prefetch chosen by the run (FSDPOptions::prefetch_tuning_steps,
+// as dtrain train --fsdp-prefetch auto); its 2 + 2 x 3 tuning steps are extra
+// warm-up, so its timed steps are the ones after the choice.
+const std::vector<std::string> kSpeedModes{"ddp", "fsdp", "fsdp-no-prefetch", "fsdp-auto"};
+constexpr int kPrefetchTuningSteps = 3;
 
 using Clock = SteadyClock;
 double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
@@ -147,6 +151,9 @@ std::unique_ptr<Run> make_run(const std::string& mode, const models::GPTConfig& 
       options.strategy = Sharding::Full;
       options.forward_prefetch = false;
       options.backward_prefetch = BackwardPrefetch::None;
+    } else if (mode == "fsdp-auto") {
+      options.strategy = Sharding::Full;
+      options.prefetch_tuning_steps = kPrefetchTuningSteps;
     } else {
       plan::PlanOptions resolved;
       plan::set_strategy(resolved, mode);
@@ -274,8 +281,10 @@ int speed_job(const BenchFSDPOptions& options, const CommPtr& world) {
   auto targets = torch::randint(0, config.vocab_size, {kSpeedBatch, config.seq_len}, torch::kLong);
   // Warm-up, then rounds in which the modes take turns, so that a noisy
   // moment of the machine hits one round of every mode.
-  for (auto& run : runs)
-    for (int i = 0; i < options.warmup; ++i) train_step(*run, tokens, targets);
+  for (auto& run : runs) {
+    const int tuning = run->mode == "fsdp-auto" ? 2 + 2 * kPrefetchTuningSteps : 0;
+    for (int i = 0; i < options.warmup + tuning; ++i) train_step(*run, tokens, targets);
+  }
   for (int round = 0; round < options.rounds; ++round)
     for (auto& run : runs) timed_round(*run, *world, tokens, targets, options.speed_steps);
 
@@ -284,7 +293,7 @@ int speed_job(const BenchFSDPOptions& options, const CommPtr& world) {
     const double ddp = median(runs.front()->step_seconds);
     nlohmann::json rows = nlohmann::json::array();
     for (const auto& run : runs) {
-      const auto strategy = run->mode == "fsdp-no-prefetch" ? std::string("fsdp") : run->mode;
+      const auto strategy = run->mode.rfind("fsdp-", 0) == 0 ? std::string("fsdp") : run->mode;
       const auto p = plan::make_plan(spec, plan_options(strategy, world->size(), 0));
       const double step = median(run->step_seconds);
       rows.push_back({{"mode", run->mode},
@@ -292,6 +301,12 @@ int speed_job(const BenchFSDPOptions& options, const CommPtr& world) {
                       {"ratio_to_ddp", step / ddp},
                       {"planned_wire_bytes_per_step", p.wire_bytes_per_step},
                       {"step_s_samples", run->step_seconds}});
+      if (run->mode == "fsdp-auto") {
+        const auto tuning = run->fsdp->prefetch_tuning();
+        rows.back()["prefetch_chosen"] = tuning.decided ? (tuning.prefetch ? "on" : "off") : "undecided";
+        rows.back()["tuning_with_prefetch_s"] = tuning.with_prefetch_s;
+        rows.back()["tuning_without_prefetch_s"] = tuning.without_prefetch_s;
+      }
     }
     const nlohmann::json document{{"job", "speed"},
                                   {"world_size", world->size()},

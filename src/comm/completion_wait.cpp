@@ -10,12 +10,14 @@
 
 namespace dtrain {
 
-WaitSettings WaitSettings::from_environment() {
+WaitSettings WaitSettings::from_environment(bool all_local) {
   WaitSettings settings;
+  settings.mode = all_local ? Mode::Handshake : Mode::Backoff;
   if (const auto mode = env_string("DTRAIN_COMM_WAIT")) {
     if (*mode == "spin") settings.mode = Mode::Spin;
     else if (*mode == "backoff") settings.mode = Mode::Backoff;
-    else throw CommError("DTRAIN_COMM_WAIT='" + *mode + "' must be spin or backoff");
+    else if (*mode == "handshake") settings.mode = Mode::Handshake;
+    else throw CommError("DTRAIN_COMM_WAIT='" + *mode + "' must be spin, backoff or handshake");
   }
   if (const auto us = env_int("DTRAIN_COMM_MAX_SLEEP_US", 0, 100000)) settings.max_sleep = std::chrono::microseconds(*us);
   if (const auto bytes = env_int("DTRAIN_COMM_NONBLOCKING_MIN_BYTES", 0, 1 << 30)) settings.nonblocking_min_bytes = *bytes;
@@ -24,6 +26,9 @@ WaitSettings WaitSettings::from_environment() {
 
 std::string WaitSettings::describe() const {
   if (mode == Mode::Spin) return "spin (blocking MPI calls)";
+  if (mode == Mode::Handshake)
+    return "handshake (a non-blocking barrier before blocking calls from " + std::to_string(nonblocking_min_bytes) +
+           " bytes)";
   return "backoff (non-blocking from " + std::to_string(nonblocking_min_bytes) + " bytes, sleeps up to " +
          std::to_string(max_sleep.count()) + " us)";
 }

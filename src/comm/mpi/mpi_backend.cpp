@@ -131,7 +131,7 @@ class MpiBackend final : public Backend {
   void all_reduce(torch::Tensor& tensor, BackendReduce op) override {
     const int count = checked_count(tensor.numel());
     const MPI_Datatype type = reduce_type(tensor.scalar_type());
-    if (!nonblocking(tensor.nbytes())) {
+    if (!start_nonblocking(tensor.nbytes())) {
       check_mpi(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), count, type, mpi_op(op), comm_), "MPI_Allreduce");
       return;
     }
@@ -143,7 +143,7 @@ class MpiBackend final : public Backend {
 
   void all_gather(const torch::Tensor& shard, torch::Tensor& full) override {
     const MPI_Datatype type = transport_type(full);
-    const bool issue_nonblocking = nonblocking(full.nbytes());
+    const bool issue_nonblocking = start_nonblocking(full.nbytes());
     MPI_Request request;
     if (full.numel() % size_ == 0) {
       const int count = checked_count(shard.numel());
@@ -174,7 +174,7 @@ class MpiBackend final : public Backend {
 
   void reduce_scatter(const torch::Tensor& full, torch::Tensor& shard, BackendReduce op) override {
     const MPI_Datatype type = reduce_type(full.scalar_type());
-    const bool issue_nonblocking = nonblocking(full.nbytes());
+    const bool issue_nonblocking = start_nonblocking(full.nbytes());
     MPI_Request request;
     if (full.numel() % size_ == 0) {
       const int count = checked_count(shard.numel());
@@ -210,7 +210,7 @@ class MpiBackend final : public Backend {
 
   void broadcast(torch::Tensor& tensor, int root) override {
     const int count = checked_count(tensor.numel());
-    if (!nonblocking(tensor.nbytes())) {
+    if (!start_nonblocking(tensor.nbytes())) {
       check_mpi(MPI_Bcast(tensor.data_ptr(), count, transport_type(tensor), root, comm_), "MPI_Bcast");
       return;
     }
@@ -275,8 +275,17 @@ class MpiBackend final : public Backend {
   }
 
  private:
-  bool nonblocking(size_t bytes) const {
-    return wait_.mode == WaitSettings::Mode::Backoff && static_cast<int64_t>(bytes) >= wait_.nonblocking_min_bytes;
+  // Decides how an operation of `bytes` runs (the same on every rank: it
+  // depends on the size alone) and, under Handshake, first waits for the
+  // peers in a non-blocking barrier. True: issue it non-blocking.
+  bool start_nonblocking(size_t bytes) {
+    if (wait_.mode == WaitSettings::Mode::Spin || static_cast<int64_t>(bytes) < wait_.nonblocking_min_bytes)
+      return false;
+    if (wait_.mode == WaitSettings::Mode::Backoff) return true;
+    MPI_Request request;
+    check_mpi(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier (before a collective)");
+    complete(request, "MPI_Ibarrier (before a collective)");
+    return false;
   }
 
   // Tests `request` until it completes, pausing between tests as Note
@@ -317,7 +326,15 @@ std::unique_ptr<Backend> make_mpi_world_backend(int& argc, char**& argv) {
   // error handler) never match or interfere with dtrain's.
   MPI_Comm world = MPI_COMM_NULL;
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup");
-  return std::make_unique<MpiBackend>(std::move(runtime), world, WaitSettings::from_environment());
+  // All ranks on this host (shared memory) or not: every rank computes the
+  // same answer, so every rank picks the same wait mode.
+  MPI_Comm host = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host), "MPI_Comm_split_type");
+  int host_size = 0, world_size = 0;
+  MPI_Comm_size(host, &host_size);
+  MPI_Comm_size(world, &world_size);
+  MPI_Comm_free(&host);
+  return std::make_unique<MpiBackend>(std::move(runtime), world, WaitSettings::from_environment(host_size == world_size));
 }
 
 }  // namespace dtrain
