@@ -60,21 +60,6 @@ TEST(NoSync, AccumulatedMicroBatchesEqualOneBigBatch) {
   EXPECT_LE(max_abs_difference(replica->parameters(), reference->parameters()), 1e-5);
 }
 
-// An MLP with a head that only some steps (or ranks) use.
-struct BranchyImpl : torch::nn::Module {
-  BranchyImpl() {
-    body = register_module("body", torch::nn::Linear(kImage * kImage, 16));
-    head = register_module("head", torch::nn::Linear(16, kClasses));
-    spare = register_module("spare", torch::nn::Linear(16, kClasses));
-  }
-  torch::Tensor forward(const torch::Tensor& x, bool use_spare) {
-    auto h = torch::relu(body(x.flatten(1)));
-    return use_spare ? head(h) + spare(h) : head(h);
-  }
-  torch::nn::Linear body{nullptr}, head{nullptr}, spare{nullptr};
-};
-TORCH_MODULE(Branchy);
-
 TEST(UnusedParameters, TrainLikeSingleProcessWithFindUnused) {
   auto reference = make_model<Branchy>(5);
   torch::optim::AdamW reference_optimizer(reference->parameters(), torch::optim::AdamWOptions(0.01));

@@ -17,21 +17,6 @@ using dtrain::testing::world;
 using dtrain::testing::world_ptr;
 using namespace ddp_test;
 
-// A head that some ranks (or none) use, always the same ones.
-struct BranchyImpl : torch::nn::Module {
-  BranchyImpl() {
-    body = register_module("body", torch::nn::Linear(kImage * kImage, 16));
-    head = register_module("head", torch::nn::Linear(16, kClasses));
-    spare = register_module("spare", torch::nn::Linear(16, kClasses));
-  }
-  torch::Tensor forward(const torch::Tensor& x, bool use_spare) {
-    auto h = torch::relu(body(x.flatten(1)));
-    return use_spare ? head(h) + spare(h) : head(h);
-  }
-  torch::nn::Linear body{nullptr}, head{nullptr}, spare{nullptr};
-};
-TORCH_MODULE(Branchy);
-
 struct Run {
   std::vector<torch::Tensor> parameters;
   std::vector<int64_t> bytes;  // per step

@@ -334,7 +334,18 @@ std::unique_ptr<Backend> make_mpi_world_backend(int& argc, char**& argv) {
   MPI_Comm_size(host, &host_size);
   MPI_Comm_size(world, &world_size);
   MPI_Comm_free(&host);
-  return std::make_unique<MpiBackend>(std::move(runtime), world, WaitSettings::from_environment(host_size == world_size));
+  // Rank 0's settings hold everywhere: a rank whose environment differs
+  // (another host, a launcher that does not pass the variables on) would
+  // otherwise issue blocking collectives that its peers issue non-blocking,
+  // which MPI never matches: a hang.
+  const WaitSettings mine = WaitSettings::from_environment(host_size == world_size);
+  int64_t shared[3] = {static_cast<int64_t>(mine.mode), mine.nonblocking_min_bytes, mine.max_sleep.count()};
+  check_mpi(MPI_Bcast(shared, 3, MPI_INT64_T, 0, world), "MPI_Bcast (wait settings)");
+  WaitSettings settings = mine;
+  settings.mode = static_cast<WaitSettings::Mode>(shared[0]);
+  settings.nonblocking_min_bytes = shared[1];
+  settings.max_sleep = std::chrono::microseconds(shared[2]);
+  return std::make_unique<MpiBackend>(std::move(runtime), world, settings);
 }
 
 }  // namespace dtrain
