@@ -24,15 +24,6 @@ WaitSettings WaitSettings::from_environment(bool all_local) {
   return settings;
 }
 
-std::string WaitSettings::describe() const {
-  if (mode == Mode::Spin) return "spin (blocking MPI calls)";
-  if (mode == Mode::Handshake)
-    return "handshake (a non-blocking barrier before blocking calls from " + std::to_string(nonblocking_min_bytes) +
-           " bytes)";
-  return "backoff (non-blocking from " + std::to_string(nonblocking_min_bytes) + " bytes, sleeps up to " +
-         std::to_string(max_sleep.count()) + " us)";
-}
-
 CompletionWait::CompletionWait(const WaitSettings& settings, const std::atomic<int>* waiters)
     : settings_(settings), waiters_(waiters), start_(std::chrono::steady_clock::now()) {}
 

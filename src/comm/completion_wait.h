@@ -39,7 +39,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <string>
 
 namespace dtrain {
 
@@ -62,7 +61,6 @@ struct WaitSettings {
   // DTRAIN_COMM_NONBLOCKING_MIN_BYTES (docs/communicator.md); a bad value is
   // a CommError naming the variable.
   static WaitSettings from_environment(bool all_local);
-  std::string describe() const;
 };
 
 // One operation's test loop: call pause() after every test that found the

@@ -10,6 +10,7 @@
 
 #include <mpi.h>
 
+#include <cctype>
 #include <climits>
 #include <memory>
 #include <optional>
@@ -131,75 +132,59 @@ class MpiBackend final : public Backend {
   void all_reduce(torch::Tensor& tensor, BackendReduce op) override {
     const int count = checked_count(tensor.numel());
     const MPI_Datatype type = reduce_type(tensor.scalar_type());
-    if (!start_nonblocking(tensor.nbytes())) {
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), count, type, mpi_op(op), comm_), "MPI_Allreduce");
-      return;
-    }
-    MPI_Request request;
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), count, type, mpi_op(op), comm_, &request),
-              "MPI_Iallreduce");
-    complete(request, "MPI_Iallreduce");
+    run(start_nonblocking(tensor.nbytes()), "MPI_Allreduce",
+        [&] { return MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), count, type, mpi_op(op), comm_); },
+        [&](MPI_Request* request) {
+          return MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), count, type, mpi_op(op), comm_, request);
+        });
   }
 
   void all_gather(const torch::Tensor& shard, torch::Tensor& full) override {
     const MPI_Datatype type = transport_type(full);
-    const bool issue_nonblocking = start_nonblocking(full.nbytes());
-    MPI_Request request;
+    const bool nonblocking = start_nonblocking(full.nbytes());
+    const int count = checked_count(shard.numel());
     if (full.numel() % size_ == 0) {
-      const int count = checked_count(shard.numel());
-      if (!issue_nonblocking) {
-        check_mpi(MPI_Allgather(shard.data_ptr(), count, type, full.data_ptr(), count, type, comm_),
-                  "MPI_Allgather");
-        return;
-      }
-      check_mpi(MPI_Iallgather(shard.data_ptr(), count, type, full.data_ptr(), count, type, comm_, &request),
-                "MPI_Iallgather");
-      complete(request, "MPI_Iallgather");
+      run(nonblocking, "MPI_Allgather",
+          [&] { return MPI_Allgather(shard.data_ptr(), count, type, full.data_ptr(), count, type, comm_); },
+          [&](MPI_Request* request) {
+            return MPI_Iallgather(shard.data_ptr(), count, type, full.data_ptr(), count, type, comm_, request);
+          });
       return;
     }
     std::vector<int> counts, offsets;
     uneven_layout(full.numel(), counts, offsets);
-    const int count = checked_count(shard.numel());
-    if (!issue_nonblocking) {
-      check_mpi(MPI_Allgatherv(shard.data_ptr(), count, type, full.data_ptr(), counts.data(), offsets.data(), type,
-                               comm_),
-                "MPI_Allgatherv");
-      return;
-    }
-    check_mpi(MPI_Iallgatherv(shard.data_ptr(), count, type, full.data_ptr(), counts.data(), offsets.data(), type,
-                              comm_, &request),
-              "MPI_Iallgatherv");
-    complete(request, "MPI_Iallgatherv");
+    run(nonblocking, "MPI_Allgatherv",
+        [&] {
+          return MPI_Allgatherv(shard.data_ptr(), count, type, full.data_ptr(), counts.data(), offsets.data(), type,
+                                comm_);
+        },
+        [&](MPI_Request* request) {
+          return MPI_Iallgatherv(shard.data_ptr(), count, type, full.data_ptr(), counts.data(), offsets.data(), type,
+                                 comm_, request);
+        });
   }
 
   void reduce_scatter(const torch::Tensor& full, torch::Tensor& shard, BackendReduce op) override {
     const MPI_Datatype type = reduce_type(full.scalar_type());
-    const bool issue_nonblocking = start_nonblocking(full.nbytes());
-    MPI_Request request;
+    const bool nonblocking = start_nonblocking(full.nbytes());
     if (full.numel() % size_ == 0) {
       const int count = checked_count(shard.numel());
-      if (!issue_nonblocking) {
-        check_mpi(MPI_Reduce_scatter_block(full.data_ptr(), shard.data_ptr(), count, type, mpi_op(op), comm_),
-                  "MPI_Reduce_scatter_block");
-        return;
-      }
-      check_mpi(MPI_Ireduce_scatter_block(full.data_ptr(), shard.data_ptr(), count, type, mpi_op(op), comm_,
-                                          &request),
-                "MPI_Ireduce_scatter_block");
-      complete(request, "MPI_Ireduce_scatter_block");
+      run(nonblocking, "MPI_Reduce_scatter_block",
+          [&] { return MPI_Reduce_scatter_block(full.data_ptr(), shard.data_ptr(), count, type, mpi_op(op), comm_); },
+          [&](MPI_Request* request) {
+            return MPI_Ireduce_scatter_block(full.data_ptr(), shard.data_ptr(), count, type, mpi_op(op), comm_,
+                                             request);
+          });
       return;
     }
     std::vector<int> counts, offsets;
     uneven_layout(full.numel(), counts, offsets);
-    if (!issue_nonblocking) {
-      check_mpi(MPI_Reduce_scatter(full.data_ptr(), shard.data_ptr(), counts.data(), type, mpi_op(op), comm_),
-                "MPI_Reduce_scatter");
-      return;
-    }
-    check_mpi(MPI_Ireduce_scatter(full.data_ptr(), shard.data_ptr(), counts.data(), type, mpi_op(op), comm_,
-                                  &request),
-              "MPI_Ireduce_scatter");
-    complete(request, "MPI_Ireduce_scatter");
+    run(nonblocking, "MPI_Reduce_scatter",
+        [&] { return MPI_Reduce_scatter(full.data_ptr(), shard.data_ptr(), counts.data(), type, mpi_op(op), comm_); },
+        [&](MPI_Request* request) {
+          return MPI_Ireduce_scatter(full.data_ptr(), shard.data_ptr(), counts.data(), type, mpi_op(op), comm_,
+                                     request);
+        });
   }
 
   void all_to_all(const torch::Tensor& input, torch::Tensor& output) override {
@@ -210,53 +195,38 @@ class MpiBackend final : public Backend {
 
   void broadcast(torch::Tensor& tensor, int root) override {
     const int count = checked_count(tensor.numel());
-    if (!start_nonblocking(tensor.nbytes())) {
-      check_mpi(MPI_Bcast(tensor.data_ptr(), count, transport_type(tensor), root, comm_), "MPI_Bcast");
-      return;
-    }
-    MPI_Request request;
-    check_mpi(MPI_Ibcast(tensor.data_ptr(), count, transport_type(tensor), root, comm_, &request), "MPI_Ibcast");
-    complete(request, "MPI_Ibcast");
+    const MPI_Datatype type = transport_type(tensor);
+    run(start_nonblocking(tensor.nbytes()), "MPI_Bcast",
+        [&] { return MPI_Bcast(tensor.data_ptr(), count, type, root, comm_); },
+        [&](MPI_Request* request) { return MPI_Ibcast(tensor.data_ptr(), count, type, root, comm_, request); });
   }
 
   // A barrier moves no data: all its time is waiting for the peers, the wait
   // that should not spin.
   void barrier() override {
-    if (wait_.mode == WaitSettings::Mode::Spin) {
-      check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
-      return;
-    }
-    MPI_Request request;
-    check_mpi(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
-    complete(request, "MPI_Ibarrier");
+    run(paced(), "MPI_Barrier", [&] { return MPI_Barrier(comm_); },
+        [&](MPI_Request* request) { return MPI_Ibarrier(comm_, request); });
   }
 
   // Point to point: a non-blocking send or receive matches a blocking one,
-  // so these are always non-blocking under Backoff (waiting for the peer to
-  // post its side should not spin either).
+  // so these are non-blocking whenever the wait is paced (waiting for the
+  // peer to post its side should not spin either).
   void send(const torch::Tensor& tensor, int dst, int tag) override {
     const int count = checked_count(tensor.numel());
-    if (wait_.mode == WaitSettings::Mode::Spin) {
-      check_mpi(MPI_Send(tensor.data_ptr(), count, transport_type(tensor), dst, tag, comm_), "MPI_Send");
-      return;
-    }
-    MPI_Request request;
-    check_mpi(MPI_Isend(tensor.data_ptr(), count, transport_type(tensor), dst, tag, comm_, &request), "MPI_Isend");
-    complete(request, "MPI_Isend");
+    const MPI_Datatype type = transport_type(tensor);
+    run(paced(), "MPI_Send", [&] { return MPI_Send(tensor.data_ptr(), count, type, dst, tag, comm_); },
+        [&](MPI_Request* request) { return MPI_Isend(tensor.data_ptr(), count, type, dst, tag, comm_, request); });
   }
 
   void recv(torch::Tensor& tensor, int src, int tag) override {
     MPI_Status status;
     const int count = checked_count(tensor.numel());
-    if (wait_.mode == WaitSettings::Mode::Spin) {
-      check_mpi(MPI_Recv(tensor.data_ptr(), count, transport_type(tensor), src, tag, comm_, &status), "MPI_Recv");
-    } else {
-      MPI_Request request;
-      check_mpi(MPI_Irecv(tensor.data_ptr(), count, transport_type(tensor), src, tag, comm_, &request), "MPI_Irecv");
-      complete(request, "MPI_Irecv", &status);
-    }
+    const MPI_Datatype type = transport_type(tensor);
+    run(paced(), "MPI_Recv", [&] { return MPI_Recv(tensor.data_ptr(), count, type, src, tag, comm_, &status); },
+        [&](MPI_Request* request) { return MPI_Irecv(tensor.data_ptr(), count, type, src, tag, comm_, request); },
+        &status);
     int received = 0;
-    MPI_Get_count(&status, transport_type(tensor), &received);
+    MPI_Get_count(&status, type, &received);
     if (received != tensor.numel())
       throw CommError("recv: expected " + std::to_string(tensor.numel()) + " elements from rank " +
                       std::to_string(src) + " but got " + std::to_string(received));
@@ -286,6 +256,28 @@ class MpiBackend final : public Backend {
     check_mpi(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier (before a collective)");
     complete(request, "MPI_Ibarrier (before a collective)");
     return false;
+  }
+
+  // Barriers and point-to-point operations wait through the paced loop
+  // unless the mode is Spin (their form need not match across ranks).
+  bool paced() const { return wait_.mode != WaitSettings::Mode::Spin; }
+
+  // Runs the operation as a blocking call (`blocking()` returns its MPI
+  // code), or starts it non-blocking (`start(&request)`) and completes it
+  // through the paced loop; errors name the MPI call ("MPI_Allreduce", or
+  // "MPI_Iallreduce" for the non-blocking form).
+  template <class Blocking, class Start>
+  void run(bool nonblocking, const char* call, Blocking blocking, Start start, MPI_Status* status = MPI_STATUS_IGNORE) {
+    if (!nonblocking) {
+      check_mpi(blocking(), call);
+      return;
+    }
+    // MPI's naming rule: "MPI_Allreduce" -> "MPI_Iallreduce", "MPI_Send" -> "MPI_Isend".
+    const std::string nonblocking_call =
+        std::string("MPI_I") + static_cast<char>(std::tolower(static_cast<unsigned char>(call[4]))) + (call + 5);
+    MPI_Request request;
+    check_mpi(start(&request), nonblocking_call.c_str());
+    complete(request, nonblocking_call.c_str(), status);
   }
 
   // Tests `request` until it completes, pausing between tests as Note
