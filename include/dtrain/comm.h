@@ -3,7 +3,8 @@
 // Engines (DDP, FSDP, parameter server) call these operations and never a
 // backend library directly. Every operation is asynchronous: it is queued on
 // the communicator's single background thread, runs in issue order (so every
-// rank sees the same sequence of collectives), and returns a Work handle.
+// rank sees the same sequence of collectives), and returns a Work handle;
+// blocking() offers the collectives to callers that wait for them at once.
 //
 // Backends: "mpi" (OpenMPI, launched by mpirun) and "c10d" (LibTorch's c10d
 // ProcessGroup: Gloo for CPU tensors, NCCL for CUDA tensors, rendezvous through
@@ -21,6 +22,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace dtrain {
 
@@ -73,6 +75,16 @@ class Communicator {
   // nothing, so a narrow dtype crosses the link as it is (FSDP's compressed
   // reduce-scatter is built on it; docs/fsdp.md).
   WorkPtr all_to_all(torch::Tensor input, torch::Tensor output);
+  // Coalescing: several small collectives of one kind issued as one
+  // operation over one flat buffer (one MPI call, one synchronisation of the
+  // ranks) instead of one each, for engines that issue them back to back.
+  // Results equal the separate calls' (docs/communicator.md, "Coalescing").
+  // all_reduce_coalesced: in place, every tensor of the same dtype and device.
+  WorkPtr all_reduce_coalesced(std::vector<torch::Tensor> tensors, ReduceOp op = ReduceOp::Sum);
+  // all_gather_coalesced: all_gather(shards[i], fulls[i]) for every i, where
+  // each full splits evenly (fulls[i].numel() == size() * shards[i].numel());
+  // the pairs may differ in dtype (they travel as bytes).
+  WorkPtr all_gather_coalesced(std::vector<torch::Tensor> shards, std::vector<torch::Tensor> fulls);
   // In place: every rank ends with root's `tensor`.
   WorkPtr broadcast(torch::Tensor tensor, int root);
   WorkPtr barrier();
@@ -84,6 +96,29 @@ class Communicator {
   // receive first (or use two communicators from split()).
   WorkPtr send(torch::Tensor tensor, int dst, int tag = 0);
   WorkPtr recv(torch::Tensor tensor, int src, int tag = 0);
+
+  // The collectives above for a caller that waits for each at once (a loss
+  // all-reduce before .item(), a barrier): each returns when the operation
+  // has finished, and throws CommError as Work::wait() does. When nothing is
+  // queued or running, the operation runs on the calling thread without
+  // waking the communicator's thread, which saves a thread hand-off per
+  // operation (docs/communicator.md, "Operations waited for at once");
+  // otherwise it queues behind the others, in issue order as always.
+  class Blocking {
+   public:
+    void all_reduce(torch::Tensor tensor, ReduceOp op = ReduceOp::Sum);
+    void all_gather(torch::Tensor shard, torch::Tensor full);
+    void reduce_scatter(torch::Tensor full, torch::Tensor shard, ReduceOp op = ReduceOp::Sum);
+    void all_to_all(torch::Tensor input, torch::Tensor output);
+    void broadcast(torch::Tensor tensor, int root);
+    void barrier();
+
+   private:
+    friend class Communicator;
+    explicit Blocking(Communicator& comm) : comm_(comm) {}
+    Communicator& comm_;
+  };
+  Blocking blocking() { return Blocking(*this); }
 
   // Collective over this communicator: ranks with the same color form a new
   // communicator, ordered by (key, rank). Blocks until the group exists.

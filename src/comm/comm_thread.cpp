@@ -33,6 +33,28 @@ WorkPtr CommThread::enqueue(Describe describe, Operation op, OperationTrace trac
   return work;
 }
 
+WorkPtr CommThread::run_or_enqueue(Describe describe, Operation op, OperationTrace traced) {
+  std::unique_lock lock(mutex_);
+  if (!queue_.empty() || executing_ || stopping_) {
+    lock.unlock();
+    return enqueue(std::move(describe), std::move(op), traced);
+  }
+  auto work = std::make_shared<WorkState>();
+  const auto label = trace::enabled() ? trace::current_label() : trace::LabelValue{};
+  work->set_trace(traced.op, label);
+  const uint64_t seq = next_seq_++;
+  executing_ = true;
+  // This thread waits for the operation as surely as one in Work::wait():
+  // the backend must not pace its test loop (Note [waiting without spinning]).
+  waiters_.fetch_add(1, std::memory_order_relaxed);
+  struct Leave {
+    std::atomic<int>& waiters;
+    ~Leave() { waiters.fetch_sub(1, std::memory_order_relaxed); }
+  } leave{waiters_};
+  execute(Task{seq, std::move(describe), std::move(op), work, traced, label}, lock);
+  return work;
+}
+
 CommThread::Running CommThread::running() const {
   std::lock_guard lock(mutex_);
   return running_;
@@ -70,6 +92,10 @@ void CommThread::run_front(std::unique_lock<std::mutex>& lock) {
   Task task = std::move(queue_.front());
   queue_.pop_front();
   executing_ = true;
+  execute(std::move(task), lock);
+}
+
+void CommThread::execute(Task task, std::unique_lock<std::mutex>& lock) {
   running_ = Running{true, task.seq, task.describe, std::chrono::steady_clock::now()};
   const std::string earlier_failure = first_failure_;
   lock.unlock();

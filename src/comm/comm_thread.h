@@ -48,6 +48,10 @@ class CommThread {
   CommThread& operator=(const CommThread&) = delete;
 
   WorkPtr enqueue(Describe describe, Operation op, OperationTrace traced = {});
+  // For a caller that waits for the operation at once (Note [caller waits]):
+  // when nothing is queued or running, runs it here, on the calling thread,
+  // and returns its finished Work; otherwise queues it as enqueue() does.
+  WorkPtr run_or_enqueue(Describe describe, Operation op, OperationTrace traced = {});
 
   struct Running {
     bool active = false;
@@ -79,6 +83,9 @@ class CommThread {
   void run_through(uint64_t seq);
   // Pops and runs the front task; `lock` is held on entry and on return.
   void run_front(std::unique_lock<std::mutex>& lock);
+  // Runs `task`, which the caller has marked as executing; `lock` is held
+  // on entry and on return, released while the operation runs.
+  void execute(Task task, std::unique_lock<std::mutex>& lock);
 
   mutable std::mutex mutex_;
   // Two conditions, so that finishing an operation does not wake the idle

@@ -144,11 +144,21 @@ struct IssuerContext {
   }
 };
 
+// Set while a Communicator::Blocking call issues its operation: the caller
+// waits for it at once (Note [caller waits] in comm_thread.h).
+thread_local bool t_caller_waits = false;
+
+struct CallerWaits {
+  CallerWaits() { t_caller_waits = true; }
+  ~CallerWaits() { t_caller_waits = false; }
+};
+
 // Every collective goes through here: debug-mode check, then the operation,
 // in the issuer's context.
 WorkPtr enqueue_collective(Communicator::Impl* impl, const OpSignature& sig, const torch::Tensor& sample,
                            std::function<void(Backend&)> fn) {
-  return impl->thread->enqueue([sig](uint64_t seq) { return describe(sig, seq); },
+  auto issue = t_caller_waits ? &CommThread::run_or_enqueue : &CommThread::enqueue;
+  return (impl->thread.get()->*issue)([sig](uint64_t seq) { return describe(sig, seq); },
                                [impl, sig, context = IssuerContext::capture(sample), fn = std::move(fn)](uint64_t) {
                                  context.run([&] {
                                    // Executions are serialised (Note [issue order]): a plain counter.
@@ -226,6 +236,83 @@ WorkPtr Communicator::all_to_all(torch::Tensor input, torch::Tensor output) {
                             [input, output](Backend& backend) mutable { backend.all_to_all(input, output); });
 }
 
+// Note [coalescing]: the tensors are packed into one flat buffer, the
+// backend runs one collective on it, and the results are unpacked. An
+// all-reduce adds the same numbers as the separate calls (element by element,
+// in the working dtype, with Avg's divide before the one rounding), so the
+// results are the same up to the order in which a backend of more than two
+// ranks happens to add them. An all-gather moves bytes: each rank's packed
+// piece is its shards one after another, and the gathered buffer holds one
+// such piece per rank, in rank order.
+WorkPtr Communicator::all_reduce_coalesced(std::vector<torch::Tensor> tensors, ReduceOp op) {
+  if (tensors.empty()) throw CommError("all_reduce_coalesced: no tensors given");
+  int64_t count = 0;
+  for (const auto& t : tensors) {
+    check_tensor(*impl_->backend, t, "tensor", "all_reduce_coalesced");
+    if (t.scalar_type() != tensors.front().scalar_type() || t.device() != tensors.front().device())
+      throw CommError("all_reduce_coalesced: every tensor must have the same dtype and device (got " +
+                      dtype_name(tensors.front().scalar_type()) + " and " + dtype_name(t.scalar_type()) + ")");
+    count += t.numel();
+  }
+  check_reduce_op(op, tensors.front().scalar_type(), "all_reduce_coalesced");
+  const int world = size();
+  return enqueue_collective(
+      impl_.get(), {OpKind::AllReduceCoalesced, count, tensors.front().scalar_type(), static_cast<int64_t>(op)},
+      tensors.front(), [tensors, op, world](Backend& backend) mutable {
+        std::vector<torch::Tensor> flat_views;
+        flat_views.reserve(tensors.size());
+        for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
+        auto packed = widened(torch::cat(flat_views));
+        backend.all_reduce(packed, to_backend(op));
+        if (op == ReduceOp::Avg) packed.div_(world);
+        int64_t offset = 0;
+        for (auto& t : tensors) {
+          t.view({-1}).copy_(packed.narrow(0, offset, t.numel()));
+          offset += t.numel();
+        }
+      });
+}
+
+WorkPtr Communicator::all_gather_coalesced(std::vector<torch::Tensor> shards, std::vector<torch::Tensor> fulls) {
+  if (shards.empty() || shards.size() != fulls.size())
+    throw CommError("all_gather_coalesced: needs one full tensor per shard and at least one pair (got " +
+                    std::to_string(shards.size()) + " shards and " + std::to_string(fulls.size()) + " fulls)");
+  const int world = size();
+  int64_t piece_bytes = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    check_tensor(*impl_->backend, shards[i], "shard", "all_gather_coalesced");
+    check_tensor(*impl_->backend, fulls[i], "full", "all_gather_coalesced");
+    if (shards[i].scalar_type() != fulls[i].scalar_type() || shards[i].device() != fulls[i].device() ||
+        shards[i].device() != shards.front().device())
+      throw CommError("all_gather_coalesced: pair " + std::to_string(i) +
+                      ": shard and full must have the same dtype, and every tensor the same device");
+    if (fulls[i].numel() != shards[i].numel() * world)
+      throw CommError("all_gather_coalesced: pair " + std::to_string(i) + ": full has " +
+                      std::to_string(fulls[i].numel()) + " elements, not " + std::to_string(world) + " x the shard's " +
+                      std::to_string(shards[i].numel()) + " (coalesced gathers need equal shards)");
+    if (overlap(shards[i], fulls[i])) throw CommError("all_gather_coalesced: a shard must not lie inside its full tensor");
+    piece_bytes += static_cast<int64_t>(shards[i].nbytes());
+  }
+  return enqueue_collective(
+      impl_.get(), {OpKind::AllGatherCoalesced, piece_bytes * world, torch::kByte, 0}, shards.front(),
+      [shards, fulls, world, piece_bytes](Backend& backend) mutable {
+        auto as_bytes = [](const torch::Tensor& t) { return t.reshape({-1}).view(torch::kByte); };
+        std::vector<torch::Tensor> pieces;
+        pieces.reserve(shards.size());
+        for (const auto& shard : shards) pieces.push_back(as_bytes(shard));
+        auto packed = torch::cat(pieces);
+        auto gathered = torch::empty({world * piece_bytes}, packed.options());
+        backend.all_gather(packed, gathered);
+        auto by_rank = gathered.view({world, piece_bytes});
+        int64_t offset = 0;
+        for (size_t i = 0; i < fulls.size(); ++i) {
+          const int64_t bytes = static_cast<int64_t>(shards[i].nbytes());
+          as_bytes(fulls[i]).view({world, bytes}).copy_(by_rank.narrow(1, offset, bytes));
+          offset += bytes;
+        }
+      });
+}
+
 WorkPtr Communicator::broadcast(torch::Tensor tensor, int root) {
   check_tensor(*impl_->backend, tensor, "tensor", "broadcast");
   check_rank(root, size(), "root", "broadcast");
@@ -272,6 +359,41 @@ WorkPtr Communicator::recv(torch::Tensor tensor, int src, int tag) {
         context.run([&] { impl->backend->recv(tensor, src, tag); });
       },
       {"recv", static_cast<int64_t>(tensor.nbytes())});
+}
+
+namespace {
+
+// Issues with CallerWaits set and waits outside its scope, so that anything
+// issued from inside the wait (nothing today) would queue as usual.
+template <typename Issue>
+void issue_and_wait(Issue&& issue) {
+  WorkPtr work;
+  {
+    CallerWaits waits;
+    work = issue();
+  }
+  work->wait();
+}
+
+}  // namespace
+
+void Communicator::Blocking::all_reduce(torch::Tensor tensor, ReduceOp op) {
+  issue_and_wait([&] { return comm_.all_reduce(std::move(tensor), op); });
+}
+void Communicator::Blocking::all_gather(torch::Tensor shard, torch::Tensor full) {
+  issue_and_wait([&] { return comm_.all_gather(std::move(shard), std::move(full)); });
+}
+void Communicator::Blocking::reduce_scatter(torch::Tensor full, torch::Tensor shard, ReduceOp op) {
+  issue_and_wait([&] { return comm_.reduce_scatter(std::move(full), std::move(shard), op); });
+}
+void Communicator::Blocking::all_to_all(torch::Tensor input, torch::Tensor output) {
+  issue_and_wait([&] { return comm_.all_to_all(std::move(input), std::move(output)); });
+}
+void Communicator::Blocking::broadcast(torch::Tensor tensor, int root) {
+  issue_and_wait([&] { return comm_.broadcast(std::move(tensor), root); });
+}
+void Communicator::Blocking::barrier() {
+  issue_and_wait([&] { return comm_.barrier(); });
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key) {

@@ -15,6 +15,8 @@ const char* to_string(OpKind kind) {
     case OpKind::Barrier: return "barrier";
     case OpKind::Split: return "split";
     case OpKind::AllToAll: return "all_to_all";
+    case OpKind::AllReduceCoalesced: return "all_reduce_coalesced";
+    case OpKind::AllGatherCoalesced: return "all_gather_coalesced";
   }
   return "?";
 }
@@ -24,6 +26,7 @@ namespace {
 std::string detail_text(OpKind kind, int64_t detail) {
   switch (kind) {
     case OpKind::AllReduce:
+    case OpKind::AllReduceCoalesced:
     case OpKind::ReduceScatter: return std::string(", op=") + to_string(static_cast<ReduceOp>(detail));
     case OpKind::Broadcast: return ", root=" + std::to_string(detail);
     default: return "";

@@ -12,7 +12,9 @@
 
 namespace dtrain {
 
-enum class OpKind : int64_t { AllReduce, AllGather, ReduceScatter, Broadcast, Barrier, Split, AllToAll };
+enum class OpKind : int64_t {
+  AllReduce, AllGather, ReduceScatter, Broadcast, Barrier, Split, AllToAll, AllReduceCoalesced, AllGatherCoalesced
+};
 const char* to_string(OpKind kind);
 
 struct OpSignature {

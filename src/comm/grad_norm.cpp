@@ -44,7 +44,7 @@ double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_n
                             : g.to(torch::kFloat64).abs().pow(norm_type).sum().cpu();
       local = infinity ? torch::maximum(local, piece) : local + piece;
     }
-    shards_across->all_reduce(local, infinity ? ReduceOp::Max : ReduceOp::Sum)->wait();
+    shards_across->blocking().all_reduce(local, infinity ? ReduceOp::Max : ReduceOp::Sum);
     total = infinity ? local[0] : local[0].pow(1.0 / norm_type);
   }
   // Multiplying by the clamped coefficient tensor, as torch does, keeps the

@@ -27,9 +27,9 @@ torch::Tensor bytes_of(const std::string& text) {
 // Rank `root`'s string on every rank (two broadcasts: length, then bytes).
 std::string broadcast_string(Communicator& comm, const std::string& mine, int root) {
   auto length = torch::tensor({static_cast<int64_t>(mine.size())}, torch::kInt64);
-  comm.broadcast(length, root)->wait();
+  comm.blocking().broadcast(length, root);
   auto bytes = comm.rank() == root ? bytes_of(mine) : torch::empty({length.item<int64_t>()}, torch::kUInt8);
-  comm.broadcast(bytes, root)->wait();
+  comm.blocking().broadcast(bytes, root);
   const auto* data = reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>());
   return std::string(data, data + bytes.numel());
 }
@@ -71,7 +71,7 @@ void check_same_on_all_ranks(Communicator& comm, const std::vector<NamedTensor>&
   const std::string difference = first_difference(split_lines(reference), split_lines(mine), comm.rank());
 
   auto first_differing_rank = torch::tensor({difference.empty() ? INT_MAX : comm.rank()}, torch::kInt32);
-  comm.all_reduce(first_differing_rank, ReduceOp::Min)->wait();
+  comm.blocking().all_reduce(first_differing_rank, ReduceOp::Min);
   const int culprit = first_differing_rank.item<int>();
   if (culprit == INT_MAX) return;
   const std::string message = broadcast_string(comm, difference, culprit);
@@ -91,7 +91,7 @@ void broadcast_from_rank0(Communicator& comm, const std::vector<torch::Tensor>& 
     std::vector<torch::Tensor> flat;
     for (const auto& t : group) flat.push_back(t.detach().reshape({-1}));
     auto packed = torch::cat(flat);
-    comm.broadcast(packed, 0)->wait();
+    comm.blocking().broadcast(packed, 0);
     int64_t offset = 0;
     for (auto& t : group) {
       const int64_t n = t.numel();
