@@ -88,20 +88,38 @@ class Results:
 def block_collectives(results, backend):
     data, path = results.load("collectives-%s-np2.json" % backend)
     series, algorithms = collective_rows(data, path)
+    # Communicator::blocking() and the seconds per call, where the run measured them.
+    blocking = {(row.get("op"), row.get("bytes")): row for row in data.get("results", [])
+                if isinstance(row, dict) and row.get("dtrain_blocking_busbw_gbps") is not None}
     raw = backend == "mpi"
     lines = results.measured_line("collectives-" + backend)
-    if raw:
+    if raw and blocking:
+        lines += ["| op | size | MPI call | dtrain busbw GB/s | blocking busbw GB/s | raw MPI busbw GB/s "
+                  "| dtrain / raw | blocking / raw |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|"]
+    elif raw:
         lines += ["| op | size | MPI call | dtrain busbw GB/s | raw MPI busbw GB/s | dtrain / raw |",
                   "|---|---:|---|---:|---:|---:|"]
     else:
         lines += ["| op | size | c10d call | dtrain busbw GB/s |", "|---|---:|---|---:|"]
-    large = []
+    large, overheads = [], []
     for op in ("all_reduce", "all_gather", "reduce_scatter"):
         for size, dtrain, raw_bw in series.get(op, []):
             if raw:
                 share = dtrain / raw_bw if raw_bw else None
-                lines.append("| %s | %s | %s | %.3f | %.3f | %s |"
-                             % (op, human_bytes(size), algorithms[op], dtrain, raw_bw, ratio(share, 3)))
+                extra = blocking.get((op, size))
+                if extra is not None:
+                    bw = extra["dtrain_blocking_busbw_gbps"]
+                    lines.append("| %s | %s | %s | %.3f | %.3f | %.3f | %s | %s |"
+                                 % (op, human_bytes(size), algorithms[op], dtrain, bw, raw_bw, ratio(share, 3),
+                                    ratio(bw / raw_bw if raw_bw else None, 3)))
+                    if size == 4096 and extra.get("raw_us") is not None:
+                        overheads.append("%s %.1f us queued, %.1f us blocking"
+                                         % (op, extra["dtrain_us"] - extra["raw_us"],
+                                            extra["dtrain_blocking_us"] - extra["raw_us"]))
+                else:
+                    lines.append("| %s | %s | %s | %.3f | %.3f | %s |"
+                                 % (op, human_bytes(size), algorithms[op], dtrain, raw_bw, ratio(share, 3)))
                 if size >= 1 << 20 and share is not None:
                     large.append(share)
             else:
@@ -111,6 +129,8 @@ def block_collectives(results, backend):
         lines += ["", "At 1 MiB and above, dtrain / raw MPI: median **%.2f**, range %.2f-%.2f; %d of %d rows "
                   "within 5%% of raw (ratio >= 0.95)." % (statistics.median(large), min(large), max(large),
                                                           within, len(large))]
+    if overheads:
+        lines += ["", "Per-operation time over raw MPI at 4 KiB: " + "; ".join(overheads) + "."]
     return lines
 
 

@@ -88,7 +88,11 @@ struct Row {
   int64_t bytes;
   std::string algorithm;
   double dtrain_busbw;
+  double blocking_busbw;  // through Communicator::blocking()
   std::optional<double> raw_busbw;
+  // Seconds per call (the median round's).
+  double dtrain_seconds, blocking_seconds;
+  std::optional<double> raw_seconds;
 };
 
 }  // namespace
@@ -113,11 +117,22 @@ int bench_collectives_rank(const BenchCollectivesOptions& options) {
       // noisy moment of a shared machine lands in one round, not in the result.
       const int iterations = static_cast<int>(std::clamp<int64_t>((int64_t{128} << 20) / actual_bytes, 2, 100));
 
-      std::function<void()> through_dtrain, through_raw;
+      // dtrain twice: the queued operation and its Work (what engines that
+      // overlap use), and the blocking form for callers that wait at once.
+      std::function<void()> through_dtrain, through_blocking, through_raw;
       switch (op) {
-        case Op::AllReduce: through_dtrain = [&] { world->all_reduce(full)->wait(); }; break;
-        case Op::AllGather: through_dtrain = [&] { world->all_gather(shard, full)->wait(); }; break;
-        case Op::ReduceScatter: through_dtrain = [&] { world->reduce_scatter(full, shard)->wait(); }; break;
+        case Op::AllReduce:
+          through_dtrain = [&] { world->all_reduce(full)->wait(); };
+          through_blocking = [&] { world->blocking().all_reduce(full); };
+          break;
+        case Op::AllGather:
+          through_dtrain = [&] { world->all_gather(shard, full)->wait(); };
+          through_blocking = [&] { world->blocking().all_gather(shard, full); };
+          break;
+        case Op::ReduceScatter:
+          through_dtrain = [&] { world->reduce_scatter(full, shard)->wait(); };
+          through_blocking = [&] { world->blocking().reduce_scatter(full, shard); };
+          break;
       }
       if (raw_mpi) {
         const int full_count = static_cast<int>(elements);
@@ -144,23 +159,30 @@ int bench_collectives_rank(const BenchCollectivesOptions& options) {
       }
       // Warm-up, once per path: first touch of the buffers, connection setup.
       through_dtrain();
+      through_blocking();
       if (through_raw) through_raw();
-      std::vector<double> dtrain_rounds, raw_rounds;
+      std::vector<double> dtrain_rounds, blocking_rounds, raw_rounds;
       for (int round = 0; round < kRounds; ++round) {
         dtrain_rounds.push_back(time_calls(*world, iterations, through_dtrain));
+        blocking_rounds.push_back(time_calls(*world, iterations, through_blocking));
         if (through_raw) raw_rounds.push_back(time_calls(*world, iterations, through_raw));
       }
-      const double dtrain_seconds = median(dtrain_rounds);
-      std::optional<double> raw_seconds;
-      if (through_raw) raw_seconds = median(raw_rounds);
-      Row row{op, actual_bytes, raw_mpi ? mpi_call(op, true) : c10d_call(op),
-              bus_bandwidth_gbps(op, actual_bytes, dtrain_seconds, n), std::nullopt};
-      if (raw_seconds) row.raw_busbw = bus_bandwidth_gbps(op, actual_bytes, *raw_seconds, n);
+      Row row{op, actual_bytes, raw_mpi ? mpi_call(op, true) : c10d_call(op), 0.0, 0.0, std::nullopt,
+              median(dtrain_rounds), median(blocking_rounds), std::nullopt};
+      row.dtrain_busbw = bus_bandwidth_gbps(op, actual_bytes, row.dtrain_seconds, n);
+      row.blocking_busbw = bus_bandwidth_gbps(op, actual_bytes, row.blocking_seconds, n);
+      if (through_raw) {
+        row.raw_seconds = median(raw_rounds);
+        row.raw_busbw = bus_bandwidth_gbps(op, actual_bytes, *row.raw_seconds, n);
+      }
       rows.push_back(row);
       if (rank == 0) {
-        std::printf("%-15s %9s  %-26s dtrain %8.3f GB/s", op_name(op), human_bytes(actual_bytes).c_str(),
-                    row.algorithm.c_str(), row.dtrain_busbw);
-        if (row.raw_busbw) std::printf("   raw %8.3f GB/s   dtrain/raw %5.3f", *row.raw_busbw, row.dtrain_busbw / *row.raw_busbw);
+        std::printf("%-15s %9s  %-26s dtrain %8.3f  blocking %8.3f GB/s", op_name(op),
+                    human_bytes(actual_bytes).c_str(), row.algorithm.c_str(), row.dtrain_busbw, row.blocking_busbw);
+        if (row.raw_busbw)
+          std::printf("   raw %8.3f GB/s   dtrain/raw %5.3f  blocking/raw %5.3f  (%.1f / %.1f / %.1f us)", *row.raw_busbw,
+                      row.dtrain_busbw / *row.raw_busbw, row.blocking_busbw / *row.raw_busbw,
+                      row.dtrain_seconds * 1e6, row.blocking_seconds * 1e6, *row.raw_seconds * 1e6);
         std::printf("\n");
         std::fflush(stdout);
       }
@@ -180,7 +202,11 @@ int bench_collectives_rank(const BenchCollectivesOptions& options) {
                            {"algorithm", row.algorithm},
                            {"nproc", n},
                            {"dtrain_busbw_gbps", row.dtrain_busbw},
-                           {"raw_busbw_gbps", row.raw_busbw ? nlohmann::json(*row.raw_busbw) : nlohmann::json()}});
+                           {"raw_busbw_gbps", row.raw_busbw ? nlohmann::json(*row.raw_busbw) : nlohmann::json()},
+                           {"dtrain_blocking_busbw_gbps", row.blocking_busbw},
+                           {"dtrain_us", row.dtrain_seconds * 1e6},
+                           {"dtrain_blocking_us", row.blocking_seconds * 1e6},
+                           {"raw_us", row.raw_seconds ? nlohmann::json(*row.raw_seconds * 1e6) : nlohmann::json()}});
       }
       // Written beside the target and renamed, so a reader never sees half a file.
       const std::string partial = options.json_path + ".partial";
