@@ -30,10 +30,10 @@ using Clock = std::chrono::steady_clock;
 // Collective: seconds `work` takes on the slowest rank (barriers on both
 // sides, so every rank times the same interval).
 double timed(Communicator& world, const std::function<void()>& work) {
-  world.barrier()->wait();
+  world.blocking().barrier();
   const auto start = Clock::now();
   work();
-  world.barrier()->wait();
+  world.blocking().barrier();
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
@@ -156,7 +156,7 @@ int bench_checkpoint_rank(const BenchCheckpointOptions& options) {
     std::error_code ignored;
     std::filesystem::remove_all(dir, ignored);
   }
-  world->barrier()->wait();
+  world->blocking().barrier();
   return 0;
 }
 

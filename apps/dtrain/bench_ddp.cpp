@@ -96,7 +96,7 @@ double train_step(Replica<Model>& replica, Communicator& world, const Batch& bat
   auto loss = torch::nn::functional::cross_entropy(output.flatten(0, -2), batch.targets.flatten());
   loss.backward();
   if (replica.mode == "naive") {
-    for (auto& parameter : replica.model->parameters()) world.all_reduce(parameter.grad(), ReduceOp::Avg)->wait();
+    for (auto& parameter : replica.model->parameters()) world.blocking().all_reduce(parameter.grad(), ReduceOp::Avg);
   }
   replica.optimizer->step();
   replica.optimizer->zero_grad();
@@ -105,7 +105,7 @@ double train_step(Replica<Model>& replica, Communicator& world, const Batch& bat
 
 template <class Model>
 void timed_round(Replica<Model>& replica, Communicator& world, const Batch& batch, int steps) {
-  world.barrier()->wait();
+  world.blocking().barrier();
   std::vector<double> times(steps), exposed(steps, 0.0);
   for (int i = 0; i < steps; ++i) {
     times[i] = train_step(replica, world, batch);
@@ -115,7 +115,7 @@ void timed_round(Replica<Model>& replica, Communicator& world, const Batch& batc
   // collective runs between timed steps (in ideal mode ranks never meet).
   times.insert(times.end(), exposed.begin(), exposed.end());
   auto slowest = torch::tensor(times, torch::kFloat64);
-  world.all_reduce(slowest, ReduceOp::Max)->wait();
+  world.blocking().all_reduce(slowest, ReduceOp::Max);
   const double* values = slowest.data_ptr<double>();
   replica.step_seconds.insert(replica.step_seconds.end(), values, values + steps);
   if (replica.ddp) {

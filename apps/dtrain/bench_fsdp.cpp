@@ -182,7 +182,7 @@ double train_step(Run& run, const torch::Tensor& tokens, const torch::Tensor& ta
 std::vector<double> gather(Communicator& world, const std::vector<double>& mine) {
   auto shard = torch::tensor(mine, torch::kFloat64);
   auto full = torch::empty({static_cast<int64_t>(mine.size()) * world.size()}, torch::kFloat64);
-  world.all_gather(shard, full)->wait();
+  world.blocking().all_gather(shard, full);
   return std::vector<double>(full.data_ptr<double>(), full.data_ptr<double>() + full.numel());
 }
 
@@ -196,7 +196,7 @@ int memory_job(const BenchFSDPOptions& options, const CommPtr& world) {
   for (const auto& fit : memory_job_fits(options, size)) {
     if (!fit.fits) continue;
     const std::string& strategy = fit.strategy;
-    world->barrier()->wait();
+    world->blocking().barrier();
     const int64_t before = memory::live_bytes();
     memory::reset_peak();
     std::vector<double> step_peaks, step_times;
@@ -261,13 +261,13 @@ int memory_job(const BenchFSDPOptions& options, const CommPtr& world) {
 // ------------------------------------------------------------- speed job
 
 void timed_round(Run& run, Communicator& world, const torch::Tensor& tokens, const torch::Tensor& targets, int steps) {
-  world.barrier()->wait();
+  world.blocking().barrier();
   std::vector<double> times(steps);
   for (int i = 0; i < steps; ++i) times[i] = train_step(run, tokens, targets);
   // Each step's slowest rank, gathered after the round so that no extra
   // collective runs between timed steps.
   auto slowest = torch::tensor(times, torch::kFloat64);
-  world.all_reduce(slowest, ReduceOp::Max)->wait();
+  world.blocking().all_reduce(slowest, ReduceOp::Max);
   run.step_seconds.insert(run.step_seconds.end(), slowest.data_ptr<double>(), slowest.data_ptr<double>() + steps);
 }
 

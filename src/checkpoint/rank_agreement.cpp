@@ -11,7 +11,7 @@ namespace dtrain::detail {
 std::vector<int64_t> all_max(const CommPtr& comm, std::vector<int64_t> flags) {
   if (!comm || comm->size() == 1 || flags.empty()) return flags;
   auto tensor = torch::tensor(flags, torch::kInt64);
-  comm->all_reduce(tensor, ReduceOp::Max)->wait();
+  comm->blocking().all_reduce(tensor, ReduceOp::Max);
   return std::vector<int64_t>(tensor.data_ptr<int64_t>(), tensor.data_ptr<int64_t>() + tensor.numel());
 }
 
@@ -31,12 +31,12 @@ std::vector<std::string> all_gather_strings(const CommPtr& comm, const std::stri
   const int world = comm->size();
   auto lengths = torch::zeros({world}, torch::kInt64);
   lengths[comm->rank()] = static_cast<int64_t>(text.size());
-  comm->all_reduce(lengths, ReduceOp::Sum)->wait();
+  comm->blocking().all_reduce(lengths, ReduceOp::Sum);
   const int64_t longest = std::max<int64_t>(1, lengths.max().item<int64_t>());
   auto mine = torch::zeros({longest}, torch::kUInt8);
   std::memcpy(mine.data_ptr<uint8_t>(), text.data(), text.size());
   auto all = torch::empty({longest * world}, torch::kUInt8);
-  comm->all_gather(mine, all)->wait();
+  comm->blocking().all_gather(mine, all);
   std::vector<std::string> result;
   for (int r = 0; r < world; ++r) {
     const auto* bytes = reinterpret_cast<const char*>(all.data_ptr<uint8_t>() + r * longest);

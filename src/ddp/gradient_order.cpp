@@ -20,7 +20,7 @@ std::vector<int> agreed_gradient_order(Communicator& comm, const std::vector<int
   // One rank, or one parameter: there is no other order to agree on.
   if (comm.size() == 1 || parameters < 2) return order;
   auto shared = torch::tensor(std::vector<int32_t>(order.begin(), order.end()), torch::kInt32);
-  comm.broadcast(shared, 0)->wait();
+  comm.blocking().broadcast(shared, 0);
   bytes_sent += shared.numel() * static_cast<int64_t>(sizeof(int32_t));
   const int32_t* values = shared.data_ptr<int32_t>();
   return std::vector<int>(values, values + shared.numel());

@@ -187,7 +187,7 @@ torch::Tensor Reducer::parameters_used_anywhere() {
   if (options_.static_graph && static_used_anywhere_.defined()) return static_used_anywhere_;
   auto used_anywhere = torch::tensor(used_, torch::kInt32);
   if (comm_->size() > 1) {
-    comm_->all_reduce(used_anywhere, ReduceOp::Sum)->wait();
+    comm_->blocking().all_reduce(used_anywhere, ReduceOp::Sum);
     bytes_this_step_ += used_anywhere.numel() * 4;
   }
   if (options_.static_graph) static_used_anywhere_ = used_anywhere;

@@ -18,14 +18,14 @@ class AllReduceSum : public torch::autograd::Function<AllReduceSum> {
                                Communicator* comm) {
     ctx->saved_data["comm"] = reinterpret_cast<int64_t>(comm);
     auto total = input.clone();
-    comm->all_reduce(total, ReduceOp::Sum)->wait();
+    comm->blocking().all_reduce(total, ReduceOp::Sum);
     return total;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* comm = reinterpret_cast<Communicator*>(ctx->saved_data["comm"].toInt());
     auto total = grads[0].contiguous().clone();
-    comm->all_reduce(total, ReduceOp::Sum)->wait();
+    comm->blocking().all_reduce(total, ReduceOp::Sum);
     return {total, torch::Tensor()};
   }
 };

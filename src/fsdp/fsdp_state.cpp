@@ -48,7 +48,7 @@ void agree_on_init_seeds(Communicator& comm, torch::nn::Module& root) {
   if (comm.size() == 1 || models.empty()) return;
   auto seeds = torch::empty({static_cast<int64_t>(models.size())}, torch::kInt64);
   for (size_t i = 0; i < models.size(); ++i) seeds[static_cast<int64_t>(i)] = static_cast<int64_t>(models[i]->init_seed());
-  comm.broadcast(seeds, 0)->wait();
+  comm.blocking().broadcast(seeds, 0);
   for (size_t i = 0; i < models.size(); ++i)
     models[i]->set_init_seed(static_cast<uint64_t>(seeds[static_cast<int64_t>(i)].item<int64_t>()));
 }

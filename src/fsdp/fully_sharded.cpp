@@ -116,7 +116,7 @@ std::map<std::string, torch::Tensor> FullyShardedBase::full_state_dict(bool rank
     const auto& flat = unit->flat();
     if (flat.entries().empty()) continue;
     auto full = torch::empty({flat.padded_numel()}, flat.shard().options());
-    group.all_gather(flat.shard(), full)->wait();
+    group.blocking().all_gather(flat.shard(), full);
     if (!keep) continue;
     for (const auto& entry : flat.entries()) {
       result[entry.name] = full.narrow(0, entry.offset, entry.numel).view(entry.shape).clone();

@@ -39,7 +39,7 @@ bool PrefetchTuner::begin_training_forward(Communicator& world) {
 void PrefetchTuner::decide(Communicator& world) {
   // The slowest rank's medians: a step ends when its slowest rank does.
   auto medians = torch::tensor({median(with_s_), median(without_s_)}, torch::kFloat64);
-  if (world.size() > 1) world.all_reduce(medians, ReduceOp::Max)->wait();
+  if (world.size() > 1) world.blocking().all_reduce(medians, ReduceOp::Max);
   result_.decided = true;
   result_.with_prefetch_s = medians[0].item<double>();
   result_.without_prefetch_s = medians[1].item<double>();

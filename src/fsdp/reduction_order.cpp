@@ -54,7 +54,7 @@ ReductionOrder agree_on_reduction_order(Communicator& comm, const std::vector<st
   for (const Unit* unit : this_forward) order = (order * 1000003 + unit->index() + 1) % 2147483647;
   s[2 * n] = order;
   for (int64_t i = 0; i <= 2 * n; ++i) s[2 * n + 1 + i] = -s[i];
-  comm.all_reduce(signature, ReduceOp::Max)->wait();
+  comm.blocking().all_reduce(signature, ReduceOp::Max);
 
   ReductionOrder result;
   result.used_anywhere.resize(units.size());

@@ -238,7 +238,7 @@ void Unit::finish_gradients() {
   if (groups_.replicate && groups_.replicate->size() > 1) {
     const trace::Label label("unit", index_, trace_name_);
     if (stats_) stats_->replica_all_reduce_bytes += static_cast<int64_t>(shard_gradient_.nbytes());
-    groups_.replicate->all_reduce(shard_gradient_, ReduceOp::Avg)->wait();
+    groups_.replicate->blocking().all_reduce(shard_gradient_, ReduceOp::Avg);
   }
   // Gradients in the master dtype, shaped like the parameters' shards.
   auto gradient = shard_gradient_.to(flat_.shard().scalar_type()).contiguous();

@@ -26,7 +26,7 @@ torch::Tensor agree_on_initial_parameters(const Group& group, const std::vector<
   const int64_t total = count_elements(parameters);
   // max(total) and max(-total) = -min(total) in one all-reduce.
   auto counts = torch::tensor({total, -total}, torch::kInt64);
-  group.world()->all_reduce(counts, ReduceOp::Max)->wait();
+  group.world()->blocking().all_reduce(counts, ReduceOp::Max);
   const int64_t most = counts[0].item<int64_t>(), fewest = -counts[1].item<int64_t>();
   if (most != fewest)
     throw CommError("parameter server: ranks hold models of different sizes (" + std::to_string(fewest) + " to " +
@@ -38,7 +38,7 @@ torch::Tensor agree_on_initial_parameters(const Group& group, const std::vector<
     flat.narrow(0, offset, p.numel()).copy_(p.detach().reshape(-1));
     offset += p.numel();
   }
-  group.world()->broadcast(flat, 0)->wait();
+  group.world()->blocking().broadcast(flat, 0);
   return flat;
 }
 

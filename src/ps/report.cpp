@@ -31,8 +31,8 @@ Summary summarize(const Group& group, const ServerReport* report) {
     for (const auto& record : report->records) lead = std::max(lead, record.clock_lead);
     maxima[2] = static_cast<double>(lead);
   }
-  group.world()->all_reduce(sums, ReduceOp::Sum)->wait();
-  group.world()->all_reduce(maxima, ReduceOp::Max)->wait();
+  group.world()->blocking().all_reduce(sums, ReduceOp::Sum);
+  group.world()->blocking().all_reduce(maxima, ReduceOp::Max);
   Summary summary;
   summary.updates = static_cast<int64_t>(sums[0].item<double>());
   summary.mean_staleness = summary.updates > 0 ? sums[1].item<double>() / static_cast<double>(summary.updates) : 0;

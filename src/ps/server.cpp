@@ -222,7 +222,7 @@ class Server::Impl {
     if (!options_.skip_nonfinite) return;
     // A contributor's loss was not finite on some server's list: all skip.
     auto any = torch::tensor({(flags & kNonfiniteLoss) ? 1.0 : 0.0}, torch::kFloat64);
-    group_.servers_comm()->all_reduce(any, ReduceOp::Max)->wait();
+    group_.servers_comm()->blocking().all_reduce(any, ReduceOp::Max);
     step_skipped_ = any.item<double>() != 0 || !std::isfinite(step_grad_norm_);
   }
 

@@ -89,7 +89,7 @@ void write(const std::string& path, Communicator& world) {
   if (world.rank() == 0) failure = write_atomically(path, detail::trace_file_json(all));
   // Every rank learns whether the file exists, so none reports success alone.
   auto failed = torch::tensor({failure.empty() ? 0 : 1}, torch::kInt32);
-  world.broadcast(failed, 0)->wait();
+  world.blocking().broadcast(failed, 0);
   if (!failure.empty()) throw std::runtime_error("dtrain trace: " + failure);
   if (failed.item<int>() != 0)
     throw std::runtime_error("dtrain trace: rank 0 could not write the trace to '" + path + "' (see rank 0's error)");

@@ -133,10 +133,10 @@ std::optional<CheckpointManifest> resume_from_latest(const std::string& dir, con
   std::vector<std::string> passed_over;
   if (world->rank() == 0) candidates = resumable_checkpoints(dir, passed_over);
   auto counts = torch::tensor({static_cast<int64_t>(candidates.size()), static_cast<int64_t>(passed_over.size())});
-  world->broadcast(counts, 0)->wait();
+  world->blocking().broadcast(counts, 0);
   auto steps = world->rank() == 0 ? torch::tensor(candidates, torch::kInt64)
                                   : torch::zeros({counts[0].item<int64_t>()}, torch::kInt64);
-  if (steps.numel() > 0) world->broadcast(steps, 0)->wait();
+  if (steps.numel() > 0) world->blocking().broadcast(steps, 0);
 
   std::optional<CheckpointManifest> loaded;
   for (int64_t i = 0; i < steps.numel() && !loaded; ++i) {

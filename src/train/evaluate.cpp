@@ -39,7 +39,7 @@ Evaluation evaluate(const Forward& forward, Model& model, const data::Dataset& v
   model.module->train(was_training);
 
   auto totals = torch::tensor({loss_sum, correct}, torch::kFloat64);
-  world.all_reduce(totals, ReduceOp::Sum)->wait();
+  world.blocking().all_reduce(totals, ReduceOp::Sum);
   Evaluation result;
   result.samples = count;
   result.loss = totals[0].item<double>() / static_cast<double>(count);

@@ -159,7 +159,7 @@ ParameterServerRun::ParameterServerRun(const TrainConfig& config, CommPtr world)
   // --epochs: only the workers know the data; the servers learn the step
   // count from worker 0 (a resume checks its checkpoint against it).
   auto steps = torch::tensor({total_}, torch::kInt64);
-  world_->broadcast(steps, 0)->wait();
+  world_->blocking().broadcast(steps, 0);
   total_ = steps.item<int64_t>();
   // A resumed run appends to the metrics file of the run it continues.
   if (rank_ == 0 && !config_.metrics_path.empty()) metrics_ = MetricsWriter(config_.metrics_path, config_.resume);
@@ -305,7 +305,7 @@ StepOutcome ParameterServerRun::run_step(int64_t step) {
   outcome.loss = local_sum.item<double>() / static_cast<double>(indices.size());  // this worker's part
   if (lockstep_) {  // the global loss, and whether a worker was asked to stop
     auto sums = torch::tensor({local_sum.item<double>(), static_cast<double>(StopSignals::received())}, torch::kFloat64);
-    group_.workers_comm()->all_reduce(sums, ReduceOp::Sum)->wait();
+    group_.workers_comm()->blocking().all_reduce(sums, ReduceOp::Sum);
     outcome.loss = sums[0].item<double>() / static_cast<double>(config_.batch_size);
     outcome.stop_requested = sums[1].item<double>() != 0;
   }
@@ -324,7 +324,7 @@ void ParameterServerRun::gather_memory() {
   stats[rank_] = static_cast<double>(training_bytes());
   stats[world_size_ + rank_] = static_cast<double>(memory::peak_rss_bytes());
   stats[2 * world_size_ + rank_] = static_cast<double>(start_bytes_);
-  world_->all_reduce(stats, ReduceOp::Sum)->wait();
+  world_->blocking().all_reduce(stats, ReduceOp::Sum);
   result_.peak_memory_bytes_per_rank.resize(static_cast<size_t>(world_size_));
   for (int r = 0; r < world_size_; ++r) {
     const auto steps = static_cast<int64_t>(stats[r].item<double>());

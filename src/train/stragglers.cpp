@@ -56,7 +56,7 @@ std::optional<std::vector<int64_t>> Stragglers::rebalance(int64_t done, Communic
   // Each part writes its own slot; a sum all-reduce is the all-gather.
   auto rates = torch::zeros({parts_}, torch::kFloat64);
   rates[part_] = measured_seconds_ > 0 ? static_cast<double>(measured_samples_) / measured_seconds_ : 1.0;
-  comm.all_reduce(rates, ReduceOp::Sum)->wait();
+  comm.blocking().all_reduce(rates, ReduceOp::Sum);
   std::vector<double> throughputs(static_cast<size_t>(parts_));
   for (int p = 0; p < parts_; ++p) throughputs[static_cast<size_t>(p)] = rates[p].item<double>();
   sizes_ = data::split_batch_by_throughput(global_batch_, throughputs);

@@ -198,7 +198,7 @@ int64_t DataParallelRun::resume() {
 void DataParallelRun::measure_start_peak() {
   construction_peaks_ = torch::zeros({world_size_}, torch::kFloat64);
   construction_peaks_[rank_] = static_cast<double>(training_bytes());
-  world_->all_reduce(construction_peaks_, ReduceOp::Sum)->wait();
+  world_->blocking().all_reduce(construction_peaks_, ReduceOp::Sum);
   memory::reset_peak();
   step_advice_ = train::step_advice(config_);
 }
@@ -234,7 +234,7 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   // rank skips the same steps (the gradient norm is already global).
   if (config_.on_nonfinite == "skip") {
     auto global_sum = local_sum.detach().to(torch::kFloat64).reshape({1}).clone();
-    world_->all_reduce(global_sum, ReduceOp::Sum)->wait();
+    world_->blocking().all_reduce(global_sum, ReduceOp::Sum);
     outcome.skipped = !std::isfinite(global_sum.item<double>()) || !std::isfinite(outcome.grad_norm);
   }
   if (!outcome.skipped) {
@@ -249,7 +249,7 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   values[0] = local_sum.item<double>();
   values[1] = static_cast<double>(train::StopSignals::received());
   values[2 + rank_] = static_cast<double>(training_bytes());
-  world_->all_reduce(stats, ReduceOp::Sum)->wait();
+  world_->blocking().all_reduce(stats, ReduceOp::Sum);
   outcome.loss = values[0] / static_cast<double>(config_.batch_size);
   outcome.stop_requested = values[1] != 0;
   for (int r = 0; r < world_size_; ++r) peaks_[static_cast<size_t>(r)] = static_cast<int64_t>(values[2 + r]);
@@ -312,7 +312,7 @@ void DataParallelRun::finish(double train_seconds) {
   }
   auto rss = torch::zeros({world_size_}, torch::kFloat64);
   rss[rank_] = static_cast<double>(memory::peak_rss_bytes());
-  world_->all_reduce(rss, ReduceOp::Sum)->wait();
+  world_->blocking().all_reduce(rss, ReduceOp::Sum);
 
   result_.steps = steps_done_;
   result_.loss = result_.losses.empty() ? 0 : result_.losses.back();

@@ -112,7 +112,7 @@ class PowerSGDReduction : public PendingReduction {
       const auto m = matrix(input_, layout_.compressed[k]);
       at::matmul_out(qs[k], m.t(), ps[k]);
     }
-    comm_.all_reduce(state_.q_flat, ReduceOp::Sum)->wait();
+    comm_.blocking().all_reduce(state_.q_flat, ReduceOp::Sum);
     state_.q_flat.div_(comm_.size());
     for (size_t k = 0; k < ps.size(); ++k) {
       auto approximation = bucket_.gradients[layout_.compressed[k]].view({layout_.rows[k], layout_.cols[k]});

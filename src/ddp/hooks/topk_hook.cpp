@@ -19,14 +19,12 @@ namespace {
 
 class Densify : public PendingReduction {
  public:
-  Densify(torch::Tensor bucket, torch::Tensor all_indices, WorkPtr indices_work, torch::Tensor all_values,
-          WorkPtr values_work, int world)
-      : bucket_(std::move(bucket)), all_indices_(std::move(all_indices)), indices_work_(std::move(indices_work)),
-        all_values_(std::move(all_values)), values_work_(std::move(values_work)), world_(world) {}
+  Densify(torch::Tensor bucket, torch::Tensor all_indices, torch::Tensor all_values, WorkPtr gathered, int world)
+      : bucket_(std::move(bucket)), all_indices_(std::move(all_indices)), all_values_(std::move(all_values)),
+        gathered_(std::move(gathered)), world_(world) {}
 
   void wait() override {
-    indices_work_->wait();
-    values_work_->wait();
+    gathered_->wait();
     torch::NoGradGuard no_grad;
     bucket_.zero_();
     bucket_.index_add_(0, all_indices_.to(torch::kLong), all_values_);
@@ -34,10 +32,8 @@ class Densify : public PendingReduction {
   }
 
  private:
-  torch::Tensor bucket_, all_indices_;
-  WorkPtr indices_work_;
-  torch::Tensor all_values_;
-  WorkPtr values_work_;
+  torch::Tensor bucket_, all_indices_, all_values_;
+  WorkPtr gathered_;
   int world_;
 };
 
@@ -78,10 +74,10 @@ class TopKHook : public CommHook {
     auto all_indices = torch::empty({k * world}, indices.options());
     auto all_values = torch::empty({k * world}, values.options());
     ctx.bytes_sent += k * (4 + static_cast<int64_t>(values.element_size()));
-    auto indices_work = ctx.comm.all_gather(indices, all_indices);
-    auto values_work = ctx.comm.all_gather(values, all_values);
-    return std::make_unique<Densify>(buffer, all_indices, std::move(indices_work), all_values,
-                                     std::move(values_work), world);
+    // Indices and values travel in one operation (Note [coalescing] in
+    // src/comm/communicator.cpp): one synchronisation of the ranks, not two.
+    auto gathered = ctx.comm.all_gather_coalesced({indices, values}, {all_indices, all_values});
+    return std::make_unique<Densify>(buffer, all_indices, all_values, std::move(gathered), world);
   }
 
  private:
