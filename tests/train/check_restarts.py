@@ -14,7 +14,8 @@ fast run is killed exactly where the test says, without racing it from outside.
         restart logged; its final line says restarts = the kills and
         steps_lost <= kills x N (and equal to what the launcher logged); every
         step's loss, including the steps redone after a restart, and the final
-        loss and evaluation equal the reference bitwise. Prints the time from
+        loss and evaluation equal the reference bitwise; its --trace has a
+        "restart" instant on every rank with the counts. Prints the time from
         each kill to the first step after the restart. --random-kills K
         --seed S instead draws K kills at random steps and ranks (make
         check-long's chaos run, tests/long/check_long.sh).
@@ -26,6 +27,7 @@ fast run is killed exactly where the test says, without racing it from outside.
 """
 
 import argparse
+import json
 import os
 import random
 import re
@@ -89,10 +91,12 @@ def check_kills(options, dtrain, args, folder):
     ref_losses = {r["step"]: r["loss"] for r in ref if "loss" in r and "final" not in r}
     kills = options.kills or draw_kills(options.random_kills, options.seed, max(ref_losses), options.ranks)
     count = len(kills.split(","))
-    say("kills (STEP:RANK:ATTEMPT): " + kills)
+    say("kills (STEP:RANK:ATTEMPT): " + kills + ("" if options.kills else " (--random-kills %d --seed %d)"
+                                                 % (options.random_kills, options.seed)))
     metrics = os.path.join(folder, "restarted.jsonl")
+    trace = os.path.join(folder, "restarted.trace.json")
     env = dict(os.environ, DTRAIN_TEST_KILL_AT_STEP=kills)
-    code, lines = timed_run([dtrain, "train"] + args + [
+    code, lines = timed_run([dtrain, "train"] + args + ["--trace", trace,
         "--checkpoint-dir", os.path.join(folder, "checkpoints"), "--checkpoint-every", str(options.every),
         "--max-restarts", str(options.max_restarts), "--metrics", metrics], env)
     if code != 0:
@@ -119,6 +123,11 @@ def check_kills(options, dtrain, args, folder):
     for key in ("steps", "loss", "eval_loss"):
         if final[key] != ref_final[key]:
             fail("final %s: %r after restarts != uninterrupted %r" % (key, final[key], ref_final[key]))
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    marks = [e for e in events if e.get("name") == "restart"]
+    if not marks or any(e["args"]["restarts"] != count or e["args"]["steps_lost"] != final["steps_lost"] for e in marks):
+        fail("the trace's 'restart' instants %s do not say %d restarts, %d steps lost" % (marks, count, final["steps_lost"]))
     delays = back_to_training(lines)
     say("%d restarts, %d steps lost; %d step lines (redone ones included) and the final loss %r and eval_loss %r "
         "equal the uninterrupted run bitwise" % (count, final["steps_lost"], redone, final["loss"], final["eval_loss"]))
