@@ -1,5 +1,7 @@
 #include "launch.h"
 
+#include "restarts.h"
+
 #include <CLI/CLI.hpp>
 
 #include <arpa/inet.h>
@@ -16,6 +18,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -101,9 +104,10 @@ struct Child {
 
 // Waits for every child. After the first failure the others get SIGTERM, and
 // SIGKILL once the grace period is over, so a job never outlives a dead rank.
-int supervise(std::vector<Child>& children, int grace_seconds) {
+JobEnd supervise(std::vector<Child>& children, int grace_seconds) {
   using clock = std::chrono::steady_clock;
   std::optional<int> first_failure;
+  std::string failure;
   std::optional<clock::time_point> kill_deadline;
   // Once we forward a SIGINT/SIGTERM, deaths by it are the requested stop, not news.
   bool stop_requested = false;
@@ -136,7 +140,8 @@ int supervise(std::vector<Child>& children, int grace_seconds) {
     if (exit_code_of(status) == 0 || first_failure) continue;
     first_failure = exit_code_of(status);
     if (stop_requested) continue;
-    std::cerr << "dtrain launch: " << child->name << " (pid " << pid << ") " << describe_status(status);
+    failure = child->name + " (pid " + std::to_string(pid) + ") " + describe_status(status);
+    std::cerr << "dtrain launch: " << failure;
     if (finished < children.size())
       std::cerr << "; stopping the other " << (children.size() - finished) << " (SIGTERM, SIGKILL after "
                 << grace_seconds << " s)";
@@ -144,7 +149,7 @@ int supervise(std::vector<Child>& children, int grace_seconds) {
     signal_running(SIGTERM);
     kill_deadline = clock::now() + std::chrono::seconds(grace_seconds);
   }
-  return first_failure.value_or(0);
+  return {.code = first_failure.value_or(0), .failure = failure, .stopped = stop_requested};
 }
 
 bool running_as_root() { return geteuid() == 0; }
@@ -172,7 +177,7 @@ std::vector<std::pair<std::string, std::string>> thread_env(int threads) {
   return {{"OMP_NUM_THREADS", t}, {"MKL_NUM_THREADS", t}, {"DTRAIN_THREADS_PER_RANK", t}};
 }
 
-int launch_c10d_local(const LaunchOptions& options, int threads) {
+JobEnd launch_c10d_local(const LaunchOptions& options, int threads, const Environment& job_env) {
   const std::string port = std::to_string(pick_free_port());
   std::vector<Child> children;
   for (int rank = 0; rank < options.nproc; ++rank) {
@@ -183,6 +188,7 @@ int launch_c10d_local(const LaunchOptions& options, int threads) {
                            {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
                            {"MASTER_ADDR", "127.0.0.1"},
                            {"MASTER_PORT", port}});
+    env.insert(env.end(), job_env.begin(), job_env.end());
     children.push_back({"rank " + std::to_string(rank), spawn(options.command, env), std::nullopt});
   }
   return supervise(children, options.grace_seconds);
@@ -220,7 +226,7 @@ void detect_lost_hosts_before_the_watchdog(std::vector<std::string>& args) {
 // under `dtrain launch --supervise-rank` (supervise_rank below), which names
 // a rank that died and how; mpirun's own message does not always say.
 // The launcher adds what mpirun needs on a shared machine and forwards signals.
-int launch_mpi(const LaunchOptions& options, int threads) {
+JobEnd launch_mpi(const LaunchOptions& options, int threads, const Environment& job_env) {
   std::vector<std::string> args{"mpirun"};
   // OpenMPI refuses to run as root unless told to.
   if (running_as_root()) args.push_back("--allow-run-as-root");
@@ -232,9 +238,10 @@ int launch_mpi(const LaunchOptions& options, int threads) {
     detect_lost_hosts_before_the_watchdog(args);
   }
   for (const auto& [name, value] : thread_env(threads)) args.insert(args.end(), {"-x", name + "=" + value});
+  for (const auto& [name, value] : job_env) args.insert(args.end(), {"-x", name + "=" + value});
   // Forward dtrain's own settings to every rank (mpirun only passes what -x names to remote hosts).
   for (const char* name : {"DTRAIN_TIMEOUT", "DTRAIN_DEBUG", "DTRAIN_PROGRESS_LIVE", "DTRAIN_MEMORY_CAP_MB", "DTRAIN_FAULT_DISK_BYTES",
-                           "DTRAIN_COMM_WAIT", "DTRAIN_COMM_MAX_SLEEP_US", "DTRAIN_COMM_NONBLOCKING_MIN_BYTES"})
+                           "DTRAIN_TEST_KILL_AT_STEP", "DTRAIN_COMM_WAIT", "DTRAIN_COMM_MAX_SLEEP_US", "DTRAIN_COMM_NONBLOCKING_MIN_BYTES"})
     if (std::getenv(name)) args.insert(args.end(), {"-x", name});
   // Containers often forbid the cross-process memory attach (CMA) that the
   // shared-memory transport uses for large messages; copy-in/copy-out works everywhere.
@@ -262,7 +269,12 @@ int supervise_rank(const std::vector<std::string>& command) {
   install_forwarding_handlers();
   std::vector<Child> children{
       {std::string("rank ") + (rank ? rank : "?") + " on " + host, spawn(command, {}), std::nullopt}};
-  return supervise(children, /*grace_seconds=*/10);
+  const JobEnd end = supervise(children, /*grace_seconds=*/10);
+  // mpirun's own message names no rank; the restarting launcher reads this
+  // (one line per failed rank, the first one first).
+  const char* failures = std::getenv("DTRAIN_FAILURE_FILE");
+  if (failures && *failures && !end.failure.empty()) std::ofstream(failures, std::ios::app) << end.failure + "\n";
+  return end.code;
 }
 
 int default_threads_per_rank(int local_ranks) {
@@ -281,6 +293,11 @@ int launch(const LaunchOptions& options) {
     throw std::invalid_argument("--backend must be mpi or c10d, got '" + options.backend + "'");
   if (!options.hosts.empty() && options.backend != "mpi")
     throw std::invalid_argument("--hosts needs --backend mpi (for c10d across hosts, start each host with torchrun)");
+  if (options.max_restarts < 0) throw std::invalid_argument("--max-restarts must be >= 0");
+  if (options.max_restarts > 0 && options.checkpoint_dir.empty())
+    throw std::invalid_argument("--max-restarts " + std::to_string(options.max_restarts) +
+                                " restarts the job from its newest checkpoint: give the job's --checkpoint-dir DIR too "
+                                "(without checkpoints there is nothing to restart from)");
   if (!find_executable(options.command.front()))
     throw std::invalid_argument("cannot find program '" + options.command.front() +
                                 "' (not an executable file, nor on PATH)");
@@ -303,7 +320,11 @@ int launch(const LaunchOptions& options) {
   const int threads = options.threads_per_rank > 0 ? options.threads_per_rank : default_threads_per_rank(local_ranks);
   tell_ranks_whether_stdout_is_a_terminal();
   install_forwarding_handlers();
-  return options.backend == "mpi" ? launch_mpi(options, threads) : launch_c10d_local(options, threads);
+  auto attempt = [&](const Environment& env) {
+    return options.backend == "mpi" ? launch_mpi(options, threads, env) : launch_c10d_local(options, threads, env);
+  };
+  if (options.max_restarts == 0) return attempt({}).code;
+  return run_with_restarts({.max_restarts = options.max_restarts, .checkpoint_dir = options.checkpoint_dir}, attempt);
 }
 
 CLI::App* add_launch_subcommand(CLI::App& app, LaunchFlags& flags) {
@@ -315,6 +336,13 @@ CLI::App* add_launch_subcommand(CLI::App& app, LaunchFlags& flags) {
   cmd->add_option("--hosts", launch.hosts, "HOST:SLOTS,... for a multi-host mpi job");
   cmd->add_option("--threads-per-rank", launch.threads_per_rank, "Intra-op threads per rank (default: cores / local ranks)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-restarts", launch.max_restarts,
+                  "Restart the job up to K times when a rank fails, from the newest checkpoint in --checkpoint-dir "
+                  "(ranks get DTRAIN_RESTART_COUNT; dtrain train then resumes by itself)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--checkpoint-dir", launch.checkpoint_dir,
+                  "With --max-restarts: the job's checkpoint folder (the program's own --checkpoint-dir), to name "
+                  "the checkpoint a restart continues from and to stop a job that no longer makes progress");
   cmd->add_flag("--supervise-rank", flags.supervise_rank, "(internal) run one rank of an mpirun job")->group("");
   // Everything after "--" belongs to the program (split off before parsing,
   // so its flags never reach CLI11); without "--", plain words are accepted.

@@ -23,6 +23,10 @@ struct LaunchOptions {
   // Seconds between telling the surviving ranks to stop (SIGTERM) and
   // killing them (SIGKILL) after one rank failed.
   int grace_seconds = 10;
+  // Restart the job this many times after a failure (apps/dtrain/restarts.h);
+  // needs checkpoint_dir, the job's checkpoint folder.
+  int max_restarts = 0;
+  std::string checkpoint_dir;
   std::vector<std::string> command;
 };
 

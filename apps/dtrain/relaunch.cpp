@@ -7,12 +7,14 @@
 namespace dtrain::cli {
 
 int relaunch_as_job(const std::vector<std::string>& words, int nproc, const std::string& backend,
-                    int threads_per_rank, const std::string& hosts) {
+                    int threads_per_rank, const std::string& hosts, const RestartOptions& restarts) {
   LaunchOptions job;
   job.nproc = nproc;
   job.backend = backend;
   job.hosts = hosts;
   job.threads_per_rank = threads_per_rank;
+  job.max_restarts = restarts.max_restarts;
+  job.checkpoint_dir = restarts.checkpoint_dir;
   job.command = {self_executable()};
   job.command.insert(job.command.end(), words.begin(), words.end());
   return launch(job);

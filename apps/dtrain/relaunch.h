@@ -8,6 +8,8 @@
 // --hosts` does (mpirun); without it, it is local as before.
 #pragma once
 
+#include "restarts.h"
+
 #include <string>
 #include <vector>
 
@@ -21,8 +23,9 @@ namespace dtrain::cli {
 // and returns the job's exit code. `threads_per_rank` 0 = cores / ranks.
 // `hosts` "HOST:SLOTS,..." places the ranks across hosts (mpi only, like
 // `dtrain launch --hosts`); empty = this machine.
+// `restarts` (max_restarts > 0): restart the job on failure (apps/dtrain/restarts.h).
 int relaunch_as_job(const std::vector<std::string>& words, int nproc, const std::string& backend,
-                    int threads_per_rank = 0, const std::string& hosts = "");
+                    int threads_per_rank = 0, const std::string& hosts = "", const RestartOptions& restarts = {});
 
 // Declares --hosts on a benchmark that relaunches itself, with the same
 // meaning as `dtrain launch --hosts` (bench/network.sh uses it).

@@ -33,6 +33,7 @@ struct TrainFlags {
   int nproc = 0;
   std::string backend = "mpi";
   std::string shuffle = "true";
+  int max_restarts = 0;
 };
 
 // CLI11 2.1's PositiveNumber and NonNegativeNumber spell out a range up to
@@ -196,6 +197,10 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
       ->check(kNonNegative)->capture_default_str();
   checkpoints->add_option("--keep-last", c.keep_last, "Checkpoints kept in --checkpoint-dir (0: all)")
       ->check(kNonNegative)->capture_default_str();
+  checkpoints->add_option("--max-restarts", f.max_restarts,
+                          "When a rank dies or fails, restart the job from the newest checkpoint in --checkpoint-dir, "
+                          "up to K times (the restarts and steps lost go to the final metrics line)")
+      ->check(kNonNegative)->capture_default_str();
   checkpoints->add_flag("--resume", c.resume,
                         "Continue from the newest complete checkpoint in --checkpoint-dir (any --strategy and "
                         "--nproc; none there: start afresh)");
@@ -304,6 +309,9 @@ int train_main(const std::vector<std::string>& args) {
       // Set by dtrain launch: under mpirun a rank's stdout is a pseudo-terminal
       // even when the job's output goes to a file.
       if (const char* live = std::getenv("DTRAIN_PROGRESS_LIVE")) config.live_progress = std::string(live) == "1";
+      // A restarted attempt (--max-restarts) continues from the newest checkpoint.
+      if (const char* count = std::getenv("DTRAIN_RESTART_COUNT"); count && std::atoi(count) > 0)
+        config.resume = !config.checkpoint_dir.empty();
       return train_rank(config, world);
     }
     const int nproc = given(app, "--nproc") ? flags.nproc : default_nproc(config);
@@ -313,14 +321,19 @@ int train_main(const std::vector<std::string>& args) {
     // Every check that needs no data, before any rank starts.
     check_train_config(config, nproc);
     check_init_from(config);
-    if (nproc == 1) {
+    if (flags.max_restarts > 0 && config.checkpoint_dir.empty())
+      throw std::invalid_argument("--max-restarts " + std::to_string(flags.max_restarts) +
+                                  " restarts the job from its newest checkpoint: give --checkpoint-dir DIR (and "
+                                  "--checkpoint-every N, so that a restart loses at most N steps)");
+    if (nproc == 1 && flags.max_restarts == 0) {
       at::set_num_threads(default_threads_per_rank(1));  // all cores (DTRAIN_THREADS_PER_RANK overrides in init)
       return train_rank(config, init());
     }
     // Start nproc ranks of this command; each finds itself inside the job.
     std::vector<std::string> words{"train"};
     words.insert(words.end(), args.begin(), args.end());
-    return relaunch_as_job(words, nproc, flags.backend);
+    // With --max-restarts even one rank runs as a job: the launcher restarts it.
+    return relaunch_as_job(words, nproc, flags.backend, 0, "", {flags.max_restarts, config.checkpoint_dir});
   } catch (const std::invalid_argument& error) {
     std::cerr << "dtrain train: " + std::string(error.what()) + "\n" << std::flush;  // one write per line
     return 2;

@@ -131,6 +131,11 @@ struct TrainResult {
   std::vector<std::string> samples;  // GPT: generated text (whole bytes, prompt included)
   int64_t resumed_from_step = 0;     // the checkpoint's step; 0 = started afresh
   int64_t skipped_steps = 0;         // on_nonfinite "skip": steps not applied
+  // Restarts by the launcher (--max-restarts) before this attempt, and the
+  // steps they lost (done, then redone from an older checkpoint); both 0
+  // without restarts. From DTRAIN_RESTART_COUNT / DTRAIN_STEPS_LOST.
+  int64_t restarts = 0;
+  int64_t steps_lost = 0;
   // SIGINT or SIGTERM stopped the run after `steps` (a checkpoint was saved);
   // 0 = it ran to the end.
   int stopped_by_signal = 0;

@@ -31,6 +31,8 @@ nlohmann::ordered_json final_record(const TrainConfig& config, const TrainResult
           {"peak_rss_bytes", result.peak_rss_bytes},
           {"resumed_from_step", result.resumed_from_step},
           {"skipped_steps", result.skipped_steps},
+          {"restarts", result.restarts},
+          {"steps_lost", result.steps_lost},
           {"fsdp_prefetch", result.fsdp_prefetch.empty() ? nlohmann::ordered_json(nullptr)
                                                           : nlohmann::ordered_json{{"prefetch", result.fsdp_prefetch},
                                                                                    {"with_s", result.prefetch_with_s},

@@ -2,6 +2,7 @@
 
 #include "dtrain/memory.h"
 #include "dtrain/trace.h"
+#include "train/restarts.h"
 #include "train/run_checkpoints.h"
 #include "train/run_report.h"
 #include "train/stop_signals.h"
@@ -34,13 +35,22 @@ StepLoop::StepLoop(const TrainConfig& config, int64_t total, double units_per_st
       result_(result),
       progress_(std::cout, printing && config.live_progress.value_or(ProgressLine::stdout_is_terminal()),
                 config.log_every),
-      step_log_(metrics, config.log_every, unit + "_per_s") {}
+      step_log_(metrics, config.log_every, unit + "_per_s") {
+  const RestartState restarts = restart_state_from_environment();
+  result_.restarts = restarts.restarts;
+  result_.steps_lost = restarts.steps_lost;
+}
 
 void StepLoop::message(const std::string& text) {
   if (printing_) progress_.message(text);
 }
 
 int64_t StepLoop::run(StepSource& source) {
+  // A restarted job's timeline says so at its start (the trace is the last attempt's).
+  if (result_.restarts > 0)
+    trace::instant("restart", "restart",
+                   {{"restarts", result_.restarts}, {"steps_lost", result_.steps_lost},
+                    {"resumed_from_step", result_.resumed_from_step}});
   while (source.next_step() < total_) {
     const int64_t before = source.next_step();
     trace::Span step_span("step", trace::category::step, {{"step", before + 1}});
@@ -54,6 +64,7 @@ int64_t StepLoop::run(StepSource& source) {
       source.save_checkpoint(done);
       message(checkpoint_line(config_.checkpoint_dir, done));
     }
+    after_step(done);  // the launcher's progress record (--max-restarts)
     if (outcome.stop_requested) {
       // Every rank saw the request in the same step: all stop here. (A rank
       // that did not get the signal itself reports the usual one.)

@@ -11,6 +11,11 @@
 #     flags) trained $COMPRESS_STEPS steps on 2 ranks with int8 parameters and
 #     int8 or bf16 gradients ends within 3% of the uncompressed run (make test
 #     runs 100 steps of it).
+#  4. Chaos (issue 19, item 1): a 400-step FSDP GPT on 3 ranks with
+#     --max-restarts 5 --checkpoint-every 20, 3 ranks SIGKILLed at random
+#     steps (seed $CHAOS_SEED, default: the time; printed): it must finish
+#     with restarts = 3, steps_lost <= 60 and the uninterrupted run's losses
+#     bitwise; prints the time from each kill to training again.
 # Results: build/check-long/*.jsonl and a markdown table on stdout
 # (tests/long/summarize.py), recorded by hand in docs/PERFORMANCE.md.
 set -euo pipefail
@@ -59,5 +64,10 @@ DTRAIN_TEST_RUN_TIMEOUT_S=1800 timed fsdp-compress python3 tests/train/check_tra
   --variant "--fsdp-compress params=int8,grads=bf16" "$dtrain" -- --nproc 2 --strategy fsdp --model gpt \
   --gpt-layers 4 --gpt-dim 128 --gpt-heads 4 --seq-len 128 --batch-size 16 --lr 3e-3 --warmup 100 --grad-clip 1 \
   --samples 0 --steps "$COMPRESS_STEPS"
+
+echo "== chaos: fsdp on 3 ranks, 400 steps, 3 random SIGKILLs, --max-restarts 5"
+timed chaos python3 tests/train/check_restarts.py kills --random-kills 3 --seed "${CHAOS_SEED:-$(date +%s)}" \
+  --ranks 3 --every 20 --max-restarts 5 "$dtrain" -- --nproc 3 --strategy fsdp --model gpt --gpt-layers 2 \
+  --gpt-dim 64 --gpt-heads 4 --seq-len 32 --batch-size 12 --steps 400 --samples 0 --eval-windows 64
 
 python3 tests/long/summarize.py "$OUT" --min-accuracy "$CNN_MIN_ACCURACY" --ranks 2 --cnn-epochs "$CNN_EPOCHS"
