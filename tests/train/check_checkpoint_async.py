@@ -24,6 +24,12 @@ everywhere, so every step has a metrics line.
         restart from the previous complete checkpoint (the launcher says
         which: the held one is not complete), exit 0, leave no unfinished
         save, and equal the reference bitwise.
+
+    check_checkpoint_async.py plan DTRAIN -- TRAIN_ARGS...
+        The staging buffer a --checkpoint-async run reports in its final line
+        (checkpoint_staging_bytes, rank 0) is what `dtrain plan
+        --checkpoint-async` with the run's model, strategy, ranks, batch and
+        optimizer plans for rank 0 (peak.checkpoint_staging), to the byte.
 """
 
 import argparse
@@ -184,9 +190,31 @@ def check_kill_during_write(options, dtrain, args, folder):
     check_no_leftovers(checkpoints)
 
 
+# The `dtrain train` flags `dtrain plan` takes too (each with a value).
+PLAN_FLAGS = {"--model", "--mlp-hidden", "--gpt-layers", "--gpt-dim", "--gpt-heads", "--seq-len", "--strategy",
+              "--nproc", "--batch-size", "--optimizer"}
+
+
+def check_plan(options, dtrain, args, folder):
+    metrics = os.path.join(folder, "run.jsonl")
+    run([dtrain, "train"] + args + ["--checkpoint-dir", os.path.join(folder, "checkpoints"), "--checkpoint-every", "5",
+                                    "--checkpoint-async", "--metrics", metrics])
+    measured = final_record(read_metrics(metrics)).get("checkpoint_staging_bytes")
+    chosen = {}  # the last value of each, as dtrain train takes it
+    for flag, value in zip(args, args[1:]):
+        if flag in PLAN_FLAGS:
+            chosen[flag] = value
+    plan_args = [word for item in chosen.items() for word in item]
+    _, output = run([dtrain, "plan"] + plan_args + ["--checkpoint-async", "--json"])
+    planned = json.loads(output)["peak"]["checkpoint_staging"]
+    if measured != planned:
+        fail("the staging buffer holds %r bytes on rank 0; dtrain plan says %r" % (measured, planned))
+    say("staging buffer: %d bytes on rank 0, as dtrain plan --checkpoint-async says" % measured)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("check", choices=["resume", "kill-during-write"])
+    parser.add_argument("check", choices=["resume", "kill-during-write", "plan"])
     parser.add_argument("--every", type=int, default=10, help="--checkpoint-every")
     parser.add_argument("--kill", default="25:1", help="resume: STEP:RANK (DTRAIN_TEST_KILL_AT_STEP)")
     parser.add_argument("--kill-rank", type=int, default=1, help="kill-during-write: the rank killed")
@@ -196,7 +224,7 @@ def main():
     options = parser.parse_args()
     args = options.args[1:] if options.args[:1] == ["--"] else options.args
     with tempfile.TemporaryDirectory(prefix="dtrain-ckpt-async-") as folder:
-        check = check_resume if options.check == "resume" else check_kill_during_write
+        check = {"resume": check_resume, "kill-during-write": check_kill_during_write, "plan": check_plan}[options.check]
         check(options, options.dtrain, args + ["--log-every", "1"], folder)
 
 
