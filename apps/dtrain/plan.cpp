@@ -39,6 +39,7 @@ nlohmann::json to_json(const plan::MemoryBreakdown& m) {
   return {{"parameters", m.parameters},           {"gathered_parameters", m.gathered_parameters},
           {"gradients", m.gradients},             {"reduction_buffers", m.reduction_buffers},
           {"optimizer_state", m.optimizer_state}, {"activations", m.activations},
+          {"checkpoint_staging", m.checkpoint_staging},
           {"total", m.total()}};
 }
 
@@ -102,6 +103,7 @@ Resolved resolve(const PlanFlags& f) {
   r.options.fsdp.max_inflight_all_gathers = f.max_inflight_all_gathers;
   r.options.fsdp.max_inflight_reductions = f.max_inflight_reductions;
   r.options.init_from = !f.init_from.empty();
+  r.options.checkpoint_async = f.checkpoint_async;
   r.optimizer = f.optimizer.empty() ? (gpt ? "adamw" : "sgd") : f.optimizer;
   r.options.optimizer = plan::optimizer_from(r.optimizer, f.momentum);
 
@@ -144,6 +146,8 @@ void print(const Resolved& r, const plan::Plan& p) {
   row("reduction buffers", p.peak.reduction_buffers, ddp ? "DDP buckets" : "full-size gradients being reduced");
   row("optimizer state", p.peak.optimizer_state, "");
   row("activations", p.peak.activations, "saved for backward, workspace, batch, logits (estimate)");
+  if (r.options.checkpoint_async)
+    row("checkpoint staging", p.peak.checkpoint_staging, "--checkpoint-async: this rank's checkpoint in host memory");
   std::printf("Activations at the end of forward (estimate, batch %lld per rank): %s.\n",
               static_cast<long long>(model.batch_per_rank), human(p.forward_activation_bytes).c_str());
   std::printf("Between steps: %s.", human(p.between_steps.total()).c_str());
@@ -240,6 +244,9 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
   cmd->add_option("--init-from", f.init_from,
                   "The run's --init-from FILE.safetensors: the start then reads it (DDP: all of it next to the replica; "
                   "sharded: only this rank's pieces)");
+  cmd->add_flag("--checkpoint-async", f.checkpoint_async,
+                "The run's --checkpoint-async: from the first save on, each rank also holds its checkpoint pieces in "
+                "host memory (the staging buffer)");
   cmd->add_option("--max-inflight-all-gathers", f.max_inflight_all_gathers, "FSDP all-gathers issued ahead")
       ->check(at_least(1))->capture_default_str();
   cmd->add_option("--max-inflight-reductions", f.max_inflight_reductions,

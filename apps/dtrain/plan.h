@@ -34,6 +34,7 @@ struct PlanFlags {
   int max_inflight_all_gathers = 2;
   int max_inflight_reductions = 1;
   std::string init_from;  // --init-from: the weights come from this safetensors file (only its presence matters)
+  bool checkpoint_async = false;  // dtrain train --checkpoint-async: its staging buffer
   int rank = 0;
   bool json = false;
 };

@@ -197,6 +197,9 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
       ->check(kNonNegative)->capture_default_str();
   checkpoints->add_option("--keep-last", c.keep_last, "Checkpoints kept in --checkpoint-dir (0: all)")
       ->check(kNonNegative)->capture_default_str();
+  checkpoints->add_flag("--checkpoint-async", c.checkpoint_async,
+                        "Write checkpoints in the background: the step that saves copies its state to host memory "
+                        "and goes on; the next save, the end and a stop signal wait for the write");
   checkpoints->add_option("--max-restarts", f.max_restarts,
                           "When a rank dies or fails, restart the job from the newest checkpoint in --checkpoint-dir, "
                           "up to K times (the restarts and steps lost go to the final metrics line)")

@@ -119,6 +119,10 @@ struct PlanOptions {
   // DDP reads the whole file next to its replica; FSDP reads only its pieces
   // straight into them.
   bool init_from = false;
+  // dtrain train --checkpoint-async: the staging buffer of this rank's
+  // checkpoint pieces (src/checkpoint/staging_buffer.h) is held from the
+  // first save on, so it adds to a step's memory and to between_steps.
+  bool checkpoint_async = false;
 };
 
 // Bytes by what they hold.
@@ -129,6 +133,7 @@ struct MemoryBreakdown {
   int64_t reduction_buffers = 0;    // full-size gradient buffers of FSDP reductions; DDP's buckets
   int64_t optimizer_state = 0;
   int64_t activations = 0;          // saved for backward, backward workspace, inputs, output and loss
+  int64_t checkpoint_staging = 0;   // --checkpoint-async: this rank's checkpoint pieces in host memory
 
   int64_t total() const;
 };

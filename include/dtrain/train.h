@@ -89,6 +89,9 @@ struct TrainConfig {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int64_t keep_last = 2;     // checkpoints kept in checkpoint_dir; 0 = all
+  // Write checkpoints in the background: the step that saves copies its
+  // state to host memory and goes on (src/train/background_checkpoints.h).
+  bool checkpoint_async = false;
   // Continue from the newest complete checkpoint in checkpoint_dir (any
   // strategy, any world size); none there: start at step 0.
   bool resume = false;

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -51,6 +53,24 @@ void crash_point(const char* where) {
                static_cast<long long>(crash_at), static_cast<long long>(this_rank()), where);
   std::fflush(stderr);
   ::kill(::getpid(), SIGKILL);
+}
+
+void slow_write_point(int64_t step, int rank) {
+  static const std::string setting = [] {
+    const char* value = std::getenv("DTRAIN_TEST_SLOW_CHECKPOINT_WRITE");
+    return std::string(value ? value : "");
+  }();
+  const auto colon = setting.find(':');
+  if (colon == std::string::npos) return;
+  char* end = nullptr;
+  const long long slow_step = std::strtoll(setting.c_str(), &end, 10);
+  const long long ms = std::strtoll(setting.c_str() + colon + 1, &end, 10);
+  if (slow_step != step || ms <= 0) return;
+  std::fprintf(stderr,
+               "dtrain: DTRAIN_TEST_SLOW_CHECKPOINT_WRITE=%s: rank %d (pid %d) holds the write of step %lld for %lld ms\n",
+               setting.c_str(), rank, static_cast<int>(::getpid()), slow_step, ms);
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
 ssize_t write_to_disk(int fd, const void* data, size_t size) {

@@ -5,6 +5,7 @@
 #include "checkpoint/held_state.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/rank_agreement.h"
+#include "checkpoint/save_protocol.h"
 
 #include <dtrain/checkpoint.h>
 #include <dtrain/fsdp.h>
@@ -60,15 +61,7 @@ void write_whole_file(const std::string& path, const std::string& text) {
   if (::fsync(fd) != 0 || ::close(fd) != 0) throw std::runtime_error(path + ": cannot flush to disk");
 }
 
-// This rank's file: the part of each held piece it writes (a 1/replicas
-// share of replicated pieces), and the matching optimizer state.
-struct RankFile {
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  CheckpointManifest::File record;
-  std::map<std::string, CheckpointManifest::Tensor> tensor_table;
-};
-
-void add_piece(RankFile& file, const std::string& name, const std::vector<int64_t>& shape, int64_t begin,
+void add_piece(detail::RankFile& file, const std::string& name, const std::vector<int64_t>& shape, int64_t begin,
                const torch::Tensor& piece) {
   file.tensor_table[name] = {dtype_name(piece.scalar_type()), shape};
   if (piece.numel() == 0) return;
@@ -76,7 +69,11 @@ void add_piece(RankFile& file, const std::string& name, const std::vector<int64_
   file.record.pieces.push_back({name, begin, begin + piece.numel()});
 }
 
-RankFile rank_file_of(const detail::HeldModel& held, torch::optim::Optimizer* optimizer) {
+}  // namespace
+
+namespace detail {
+
+RankFile rank_file_of(const HeldModel& held, torch::optim::Optimizer* optimizer) {
   RankFile file;
   for (const auto& tensor : held.tensors) {
     const auto share = shard_range(tensor.end - tensor.begin, tensor.replicas, tensor.replica);
@@ -99,6 +96,12 @@ RankFile rank_file_of(const detail::HeldModel& held, torch::optim::Optimizer* op
   }
   return file;
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::RankFile;
 
 // Puts the finished `temporary` at `target`. Replacing an existing
 // checkpoint swaps the two directories in one atomic rename (Linux's
@@ -133,19 +136,23 @@ void replace_directory(const fs::path& temporary, const fs::path& target) {
   detail::crash_point("after moving the checkpoint into place");
 }
 
-void save_held(const std::string& dir, const detail::HeldModel& held, torch::optim::Optimizer* optimizer, int64_t step,
-               const CommPtr& comm, const std::map<std::string, std::string>& extra) {
-  torch::NoGradGuard no_grad;
+}  // namespace
+
+namespace detail {
+
+void write_checkpoint(const SaveRequest& request, const RankFile& built, std::string earlier_error, const CommPtr& comm) {
+  torch::NoGradGuard no_grad;  // per thread: the writer thread's own
+  const std::string& dir = request.dir;
+  const int64_t step = request.step;
   fs::path target = fs::absolute(fs::path(dir)).lexically_normal();
   if (!target.has_filename()) target = target.parent_path();  // "ckpt/" -> "ckpt"
   if (dir.empty() || target == target.root_path()) {
     throw std::invalid_argument("save_checkpoint: '" + dir + "' names no directory");
   }
   const fs::path temporary = target.string() + ".tmp-" + std::to_string(step);
-  const std::string kind = held.optimizer_kind.empty() ? detail::optimizer_kind(optimizer) : held.optimizer_kind;
 
   std::string error;
-  if (held.rank == 0) {
+  if (request.rank == 0) {
     try {
       fs::create_directories(target.parent_path());
       fs::remove_all(temporary);  // left over from an interrupted save
@@ -163,38 +170,41 @@ void save_held(const std::string& dir, const detail::HeldModel& held, torch::opt
       detail::agree_or_throw(comm, own_error);
     } catch (...) {
       std::error_code ignored;
-      if (held.rank == 0) fs::remove_all(temporary, ignored);
+      if (request.rank == 0) fs::remove_all(temporary, ignored);
       throw;
     }
   };
 
-  RankFile file;
+  RankFile file = built;
   try {
+    // A failure building this rank's file counts here, where every rank
+    // agrees on the files: the collectives stay the same on every rank.
+    if (!earlier_error.empty()) throw std::runtime_error(earlier_error);
     if (!fs::is_directory(temporary)) {
       throw std::runtime_error(temporary.string() + ", which rank 0 created, is not there on rank " +
-                               std::to_string(held.rank) + ": " + kSharedFilesystem);
+                               std::to_string(request.rank) + ": " + kSharedFilesystem);
     }
-    file = rank_file_of(held, optimizer);
-    file.record.name = detail::rank_file_name(held.rank, held.world_size);
+    file.record.name = detail::rank_file_name(request.rank, request.world_size);
     const std::string path = (temporary / file.record.name).string();
     save_safetensors(path, file.tensors, {{"format", "pt"}, {"dtrain_step", std::to_string(step)}});  // fsyncs
     file.record.bytes = detail::file_bytes(path);
     file.record.xxh64 = detail::file_xxh64(path);
+    detail::slow_write_point(step, request.rank);
   } catch (const std::exception& e) {
     error = std::string("save_checkpoint: ") + e.what();
   }
   agree_or_clean_up(error);
   const auto records = detail::all_gather_strings(comm, detail::file_record_to_json(file.record, file.tensor_table));
 
-  if (held.rank == 0) {
+  if (request.rank == 0) {
     try {
       CheckpointManifest manifest;
       manifest.format_version = detail::kCheckpointFormatVersion;
       manifest.step = step;
-      manifest.world_size = held.world_size;
-      manifest.strategy = held.strategy;
-      manifest.optimizer = kind;
-      manifest.extra = extra;
+      manifest.world_size = request.world_size;
+      manifest.strategy = request.strategy;
+      manifest.optimizer = request.optimizer_kind;
+      manifest.extra = request.extra;
       for (const auto& record : records) manifest.files.push_back(detail::file_record_from_json(record, manifest.tensors));
       for (const auto& f : manifest.files) {  // every rank wrote into the directory rank 0 sees
         std::error_code missing;
@@ -224,6 +234,26 @@ void save_held(const std::string& dir, const detail::HeldModel& held, torch::opt
     }
   }
   agree_or_clean_up(error);
+}
+
+
+}  // namespace detail
+
+namespace {
+
+void save_held(const std::string& dir, const detail::HeldModel& held, torch::optim::Optimizer* optimizer, int64_t step,
+               const CommPtr& comm, const std::map<std::string, std::string>& extra) {
+  torch::NoGradGuard no_grad;
+  detail::SaveRequest request{dir, step, held.rank, held.world_size, held.strategy, held.optimizer_kind, extra};
+  RankFile file;
+  std::string error;
+  try {
+    if (request.optimizer_kind.empty()) request.optimizer_kind = detail::optimizer_kind(optimizer);
+    file = detail::rank_file_of(held, optimizer);
+  } catch (const std::exception& e) {
+    error = e.what();  // write_checkpoint says "save_checkpoint: "
+  }
+  detail::write_checkpoint(request, file, std::move(error), comm);
 }
 
 }  // namespace

@@ -14,7 +14,8 @@
 namespace dtrain::plan {
 
 int64_t MemoryBreakdown::total() const {
-  return parameters + gathered_parameters + gradients + reduction_buffers + optimizer_state + activations;
+  return parameters + gathered_parameters + gradients + reduction_buffers + optimizer_state + activations +
+         checkpoint_staging;
 }
 
 int64_t Plan::overall_peak_bytes() const { return std::max(peak.total(), construction.total()); }
@@ -115,6 +116,11 @@ Plan make_plan(const ModelSpec& model, const PlanOptions& options) {
   detail::simulate_step(model, layout, options.fsdp, plan);
   detail::simulate_construction(model, layout, options.init_from, plan);
   detail::count_collectives(model, layout, options.fsdp, plan);
+  if (options.checkpoint_async) {
+    const int64_t staging = detail::checkpoint_staging_bytes(model, layout, options.optimizer);
+    plan.peak.checkpoint_staging = staging;
+    plan.between_steps.checkpoint_staging = staging;
+  }
   return plan;
 }
 

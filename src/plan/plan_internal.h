@@ -32,6 +32,10 @@ struct FlatLayout {
 };
 FlatLayout flat_layout(const UnitSpec& unit, const Layout& layout);
 
+// The bytes of this rank's checkpoint file, as the staging buffer of
+// --checkpoint-async holds them (src/plan/checkpoint_staging.cpp).
+int64_t checkpoint_staging_bytes(const ModelSpec& model, const Layout& layout, Optimizer optimizer);
+
 // Replays one steady-state step; fills peak, peak_moment, between_steps,
 // max_units_gathered and largest_unit_gathered_bytes.
 void simulate_step(const ModelSpec& model, const Layout& layout, const FSDPOptions& fsdp, Plan& plan);

@@ -60,6 +60,7 @@ void check_checkpoint_flags(const TrainConfig& c) {
   if (c.checkpoint_dir.empty()) {
     if (c.resume) fail("--resume continues from a checkpoint in --checkpoint-dir DIR: give the folder");
     if (c.checkpoint_every > 0) fail("--checkpoint-every needs --checkpoint-dir DIR (where to write them)");
+    if (c.checkpoint_async) fail("--checkpoint-async writes checkpoints in the background: it needs --checkpoint-dir DIR");
     return;
   }
   // The folder itself may not exist yet (it is created), but what is there
@@ -87,6 +88,11 @@ void check_features(const TrainConfig& c, const StrategyInfo& row) {
   if (c.on_nonfinite == "skip" && !row.nonfinite_skip) refuse("--on-nonfinite skip");
   if (!c.trace_path.empty() && !row.trace) refuse("--trace");
   if ((!c.checkpoint_dir.empty() || c.resume) && !row.checkpoints) refuse("--checkpoint-dir and --resume");
+  // The parameter server's servers save on their own threads, between
+  // requests (Note [parameter-server checkpoints]): not staged yet.
+  if (c.checkpoint_async && row.engine == StrategyEngine::ParameterServer)
+    fail("--checkpoint-async is not available with --strategy " + c.strategy +
+         " (the parameter server saves in its servers' loop): leave it out");
 }
 
 // --servers, --staleness, --backup-workers, --slow-rank, --balance (issue 7).

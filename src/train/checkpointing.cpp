@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <utility>
 
 namespace dtrain::train {
 namespace {
@@ -118,11 +119,15 @@ std::string rng_key(int rank) {
 
 }  // namespace
 
-void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep_last, const SaveCheckpoint& save,
-                              const CommPtr& world, std::map<std::string, std::string> extra) {
+std::map<std::string, std::string> with_random_states(std::map<std::string, std::string> extra, const CommPtr& world) {
   const auto states = detail::all_gather_strings(world, cpu_rng_state());
   for (size_t rank = 0; rank < states.size(); ++rank) extra[rng_key(static_cast<int>(rank))] = states[rank];
-  save(checkpoint_path(dir, step), step, extra);
+  return extra;
+}
+
+void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep_last, const SaveCheckpoint& save,
+                              const CommPtr& world, std::map<std::string, std::string> extra) {
+  save(checkpoint_path(dir, step), step, with_random_states(std::move(extra), world));
   if (world->rank() == 0) prune_checkpoints(dir, keep_last);
 }
 

@@ -50,6 +50,10 @@ using LoadCheckpoint = std::function<CheckpointManifest(const std::string& path)
 void save_training_checkpoint(const std::string& dir, int64_t step, int64_t keep_last, const SaveCheckpoint& save,
                               const CommPtr& world, std::map<std::string, std::string> extra);
 
+// Collective: `extra` with every rank's random state added (what a
+// checkpoint carries so that a resumed run continues bitwise).
+std::map<std::string, std::string> with_random_states(std::map<std::string, std::string> extra, const CommPtr& world);
+
 // Collective. Loads the newest valid checkpoint in `dir` (rank 0 lists the
 // candidates, every rank tries the same ones in turn; one whose checksums do
 // not match is passed over) through `load`, and restores

@@ -24,6 +24,7 @@ plan::Plan plan_for(const TrainConfig& config, const std::string& strategy, int 
   options.rank = 0;
   options.optimizer = plan::optimizer_from(config.optimizer, config.momentum);
   options.init_from = !config.init_from.empty();
+  options.checkpoint_async = config.checkpoint_async;
   const int64_t batch_per_rank = (config.batch_size + world_size - 1) / world_size;
   const auto compute = sharded ? options.fsdp.mixed_precision.param_dtype : torch::kFloat32;
   const auto model = plan::describe_model(config.model, gpt_config(config), config.mlp_hidden, batch_per_rank, compute);

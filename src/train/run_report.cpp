@@ -66,7 +66,10 @@ std::string eval_line(int64_t step, const Evaluation& e) {
   return "eval at step " + std::to_string(step) + ": " + format_eval(e);
 }
 
-std::string checkpoint_line(const std::string& dir, int64_t step) {
+std::string checkpoint_line(const std::string& dir, int64_t step, bool background) {
+  if (background)
+    return "checkpoint: step " + std::to_string(step) + " staged; writing " + checkpoint_path(dir, step) +
+           " in the background";
   return "checkpoint: step " + std::to_string(step) + " saved in " + checkpoint_path(dir, step);
 }
 

@@ -31,8 +31,9 @@ nlohmann::ordered_json eval_record(int64_t step, const Evaluation& e);
 // The lines the step loop shows between progress updates.
 // "eval at step 100: loss 1.2345, accuracy 56.78%"
 std::string eval_line(int64_t step, const Evaluation& e);
-// "checkpoint: step 100 saved in ckpt/step-00000100"
-std::string checkpoint_line(const std::string& dir, int64_t step);
+// "checkpoint: step 100 saved in ckpt/step-00000100"; in the background
+// (--checkpoint-async): "checkpoint: step 100 staged; writing ... in the background".
+std::string checkpoint_line(const std::string& dir, int64_t step, bool background = false);
 // "fsdp prefetch: off (tuned: median step 0.612 s with, 0.598 s without, slowest rank)".
 std::string prefetch_line(const TrainConfig& config, const TrainResult& result);
 // "step 5 skipped: the loss is nan[, the gradient norm inf]"

@@ -61,8 +61,13 @@ int64_t StepLoop::run(StepSource& source) {
     record(done, outcome, seconds_since(start));
     if (checkpoint_due(config_, before, done, total_) ||
         (outcome.stop_requested && !config_.checkpoint_dir.empty())) {
+      // The time the training thread spends on it (--checkpoint-async: the
+      // wait for the previous save and the copy to host memory only), for
+      // the benchmark of checkpoint cost (docs/PERFORMANCE.md).
+      const auto saving = SteadyClock::now();
       source.save_checkpoint(done);
-      message(checkpoint_line(config_.checkpoint_dir, done));
+      metrics_.write({{"step", done}, {"checkpoint_s", seconds_since(saving)}});
+      message(checkpoint_line(config_.checkpoint_dir, done, config_.checkpoint_async));
     }
     after_step(done);  // the launcher's progress record (--max-restarts)
     if (outcome.stop_requested) {

@@ -4,6 +4,7 @@
 #include "dtrain/ddp.h"
 #include "dtrain/fsdp.h"
 #include "dtrain/strategy_table.h"
+#include "checkpoint/held_state.h"
 #include "train/initial_weights.h"
 #include "common/timing.h"
 
@@ -43,6 +44,7 @@ class SingleProcess final : public Strategy {
   CheckpointManifest load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
     return load_checkpoint(dir, *model_.module, &optimizer);
   }
+  HeldModel held() override { return detail::held_by_module(*model_.module, nullptr); }
   void load_initial_weights(const std::string& path) override { train::load_initial_weights(*model_.module, path); }
 
  private:
@@ -70,6 +72,7 @@ class DataParallel final : public Strategy {
   CheckpointManifest load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
     return load_checkpoint(dir, *model_.module, &optimizer, world_);
   }
+  HeldModel held() override { return detail::held_by_module(*model_.module, world_); }
   void load_initial_weights(const std::string& path) override { train::load_initial_weights(*model_.module, path); }
 
  private:
@@ -104,6 +107,7 @@ class FullySharded final : public Strategy {
   CheckpointManifest load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
     return load_checkpoint(dir, fsdp_, &optimizer);
   }
+  HeldModel held() override { return detail::held_by_fsdp(fsdp_); }
   void load_initial_weights(const std::string& path) override {
     try {
       load_safetensors_into(fsdp_, path);

@@ -55,6 +55,9 @@ class Strategy {
   virtual void save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step,
                     const std::map<std::string, std::string>& extra) = 0;
   virtual CheckpointManifest load(const std::string& dir, torch::optim::Optimizer& optimizer) = 0;
+  // What save() writes from this rank, as the view save and load share
+  // (--checkpoint-async stages it and writes it in the background).
+  virtual HeldModel held() = 0;
 
   // --init-from: the weights of a safetensors file (sharded strategies read
   // only this rank's pieces of it). Throws std::invalid_argument

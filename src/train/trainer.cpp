@@ -17,6 +17,7 @@
 #include "dtrain/data.h"
 #include "dtrain/memory.h"
 #include "dtrain/trace.h"
+#include "train/background_checkpoints.h"
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
 #include "train/initial_weights.h"
@@ -107,6 +108,7 @@ class DataParallelRun final : public train::StepSource {
   std::optional<train::StepLoop> loop_;
   int64_t next_step_ = 0;
   int64_t last_saved_ = 0;
+  std::optional<train::BackgroundCheckpoints> background_;  // --checkpoint-async
   int64_t steps_done_ = 0;
   std::optional<train::Evaluation> final_eval_;
 
@@ -258,6 +260,10 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
 }
 
 void DataParallelRun::save_checkpoint(int64_t step) {
+  if (background_) {
+    background_->save(step, strategy_->held(), optimizer_.get());
+    return;
+  }
   train::save_run_checkpoint(
       config_, step, total_, last_saved_,
       [&](const std::string& path, int64_t at, const std::map<std::string, std::string>& extra) {
@@ -278,6 +284,7 @@ TrainResult DataParallelRun::run() {
   peaks_.assign(static_cast<size_t>(world_size_), 0);
   last_saved_ = first_step;
   next_step_ = first_step;
+  if (config_.checkpoint_async) background_.emplace(config_, total_, first_step, world_);
   loop_.emplace(config_, total_, units_per_step_, data_.unit, printing_, metrics_, stragglers_, result_);
 
   const auto run_start = SteadyClock::now();
@@ -285,6 +292,9 @@ TrainResult DataParallelRun::run() {
   // --trace: this rank's timeline from here to the end of the loop (dtrain/trace.h).
   if (!config_.trace_path.empty()) trace::start(rank_);
   steps_done_ = loop_->run(*this);
+  // The last checkpoint (the end, or a stop signal's) is on disk before the
+  // run says it is done.
+  if (background_) background_->flush();
   loop_->finish();
   const double train_seconds = seconds_since(run_start);
   train::write_trace_if_asked(config_, *world_, printing_);
@@ -339,6 +349,7 @@ void DataParallelRun::finish(double train_seconds) {
   nlohmann::ordered_json final_line = train::final_record(config_, result_, model_.parameters);
   final_line["local_batch_sizes"] = stragglers_.local_batch_sizes();  // --balance; [] = the even split
   final_line["train_time_s"] = train_seconds;
+  if (background_) final_line["checkpoint_staging_bytes"] = background_->staging_bytes();  // Note [staging buffer]
   metrics_.write(final_line);
 }
 

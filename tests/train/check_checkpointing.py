@@ -151,9 +151,14 @@ def reference_run(dtrain, args, folder):
     return read_metrics(path)
 
 
+# --saving: flags only the runs that write checkpoints get (--checkpoint-async
+# needs --checkpoint-dir, which the reference run has not).
+SAVING = []
+
+
 def resume_run(dtrain, args, checkpoints, folder, expect_step):
     path = os.path.join(folder, "resumed.jsonl")
-    _, output = run([dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--resume", "--metrics", path])
+    _, output = run([dtrain, "train"] + args + SAVING + ["--checkpoint-dir", checkpoints, "--resume", "--metrics", path])
     if "resuming from step %d " % expect_step not in output:
         fail("expected 'resuming from step %d' in the output" % expect_step)
     return read_metrics(path)
@@ -205,7 +210,8 @@ def check_signal(dtrain, args, folder):
     checkpoints = os.path.join(folder, "checkpoints")
     metrics = os.path.join(folder, "stopped.jsonl")
     # Slowed as in check_kill_resume, so the signal arrives before the run's last step.
-    command = [dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--slow-rank", "1:100", "--metrics", metrics]
+    command = [dtrain, "train"] + args + SAVING + ["--checkpoint-dir", checkpoints, "--slow-rank", "1:100",
+                                                  "--metrics", metrics]
     say("running: " + " ".join(shlex.quote(a) for a in command))
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -356,7 +362,8 @@ def check_damaged(dtrain, args, folder):
 
 def expect_disk_full_handled(dtrain, args, checkpoints, env=None):
     """Runs with checkpoints at steps 10, 20, 30 where the second cannot be written."""
-    command = [dtrain, "train"] + args + ["--checkpoint-dir", checkpoints, "--checkpoint-every", "10", "--keep-last", "1"]
+    command = [dtrain, "train"] + args + SAVING + ["--checkpoint-dir", checkpoints, "--checkpoint-every", "10",
+                                                  "--keep-last", "1"]
     saved = dict(os.environ)
     os.environ.update(env or {})
     try:
@@ -468,9 +475,12 @@ def main():
     parser.add_argument("--from", dest="source", default="", help="reshard: the saving run's strategy flags")
     parser.add_argument("--to", dest="target", default="", help="reshard: the resuming run's strategy flags")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="reshard: the largest loss difference")
+    parser.add_argument("--saving", default="",
+                        help="signal, disk-full: flags for the runs that save (e.g. --checkpoint-async)")
     parser.add_argument("dtrain")
     parser.add_argument("train_args", nargs=argparse.REMAINDER)
     options = parser.parse_args()
+    SAVING.extend(options.saving.split())
     args = [a for a in options.train_args if a != "--"] + ["--log-every", "1"]
     with tempfile.TemporaryDirectory(prefix="dtrain-ckpt-") as folder:
         if options.check == "reshard":
