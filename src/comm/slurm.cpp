@@ -3,6 +3,7 @@
 #include "comm/env.h"
 #include "dtrain/comm.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 
