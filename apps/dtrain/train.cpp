@@ -2,6 +2,7 @@
 
 #include "launch.h"
 #include "relaunch.h"
+#include "train/restarts.h"
 
 #include "dtrain/comm.h"
 #include "dtrain/fsdp_compression.h"
@@ -312,9 +313,9 @@ int train_main(const std::vector<std::string>& args) {
       // Set by dtrain launch: under mpirun a rank's stdout is a pseudo-terminal
       // even when the job's output goes to a file.
       if (const char* live = std::getenv("DTRAIN_PROGRESS_LIVE")) config.live_progress = std::string(live) == "1";
-      // A restarted attempt (--max-restarts) continues from the newest checkpoint.
-      if (const char* count = std::getenv("DTRAIN_RESTART_COUNT"); count && std::atoi(count) > 0)
-        config.resume = !config.checkpoint_dir.empty();
+      // A restarted attempt (--max-restarts, ours or torchrun's) continues
+      // from the newest checkpoint.
+      if (train::restart_count_from_environment() > 0) config.resume = !config.checkpoint_dir.empty();
       return train_rank(config, world);
     }
     const int nproc = given(app, "--nproc") ? flags.nproc : default_nproc(config);

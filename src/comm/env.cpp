@@ -1,5 +1,7 @@
 #include "comm/env.h"
 
+#include "comm/slurm.h"
+
 #include "dtrain/comm.h"
 
 #include <cstdlib>
@@ -31,6 +33,9 @@ std::string backend_from_environment() {
   if (rank || world)
     throw CommError(std::string("the environment sets ") + (rank ? "RANK but not WORLD_SIZE" : "WORLD_SIZE but not RANK") +
                     ": a torchrun-style launch needs both (or neither, for a single process)");
+  // srun without PMI/PMIx (those set PMI_RANK/PMIX_RANK: mpi, above): c10d
+  // with the variables comm/slurm.h derives.
+  if (in_slurm_step(env_string)) return "c10d";
   return "self";
 }
 

@@ -4,6 +4,7 @@
 #include "comm/communicator_impl.h"
 #include "comm/debug_check.h"
 #include "comm/env.h"
+#include "comm/slurm.h"
 
 #include <ATen/Parallel.h>
 
@@ -44,7 +45,10 @@ CommPtr make_world(std::string backend, int& argc, char**& argv) {
   const bool debug = debug_mode_from_environment();
   apply_thread_budget();
   if (backend == "mpi") return make_communicator(make_mpi_world_backend(argc, argv), timeout, debug);
-  if (backend == "c10d") return make_communicator(make_c10d_world_backend(timeout), timeout, debug);
+  if (backend == "c10d") {
+    export_slurm_variables();  // under srun: RANK, WORLD_SIZE, MASTER_ADDR... from SLURM_*
+    return make_communicator(make_c10d_world_backend(timeout), timeout, debug);
+  }
   if (backend == "self") return make_communicator(make_self_backend(), timeout, debug);
   throw CommError("unknown backend '" + backend + "': use mpi, c10d or self");
 }

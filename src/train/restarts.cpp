@@ -22,7 +22,7 @@ int64_t integer_from_environment(const char* name) {
 
 // The rank as the launcher set it: the step loop does not see the communicator.
 int64_t this_rank() {
-  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK"})
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "RANK"})
     if (std::getenv(name)) return integer_from_environment(name);
   return 0;
 }
@@ -43,7 +43,7 @@ bool kill_requested(int64_t done) {
   static const char* spec = std::getenv("DTRAIN_TEST_KILL_AT_STEP");
   if (spec == nullptr || *spec == '\0') return false;
   static const int64_t rank = this_rank();
-  static const int64_t attempt = integer_from_environment("DTRAIN_RESTART_COUNT");
+  static const int64_t attempt = restart_count_from_environment();
   std::stringstream entries(spec);
   for (std::string entry; std::getline(entries, entry, ',');) {
     long long step = -1, who = -1, when = -1;
@@ -55,8 +55,13 @@ bool kill_requested(int64_t done) {
 
 }  // namespace
 
+int64_t restart_count_from_environment() {
+  if (std::getenv("DTRAIN_RESTART_COUNT")) return integer_from_environment("DTRAIN_RESTART_COUNT");
+  return integer_from_environment("TORCHELASTIC_RESTART_COUNT");
+}
+
 RestartState restart_state_from_environment() {
-  return {.restarts = integer_from_environment("DTRAIN_RESTART_COUNT"),
+  return {.restarts = restart_count_from_environment(),
           .steps_lost = integer_from_environment("DTRAIN_STEPS_LOST")};
 }
 

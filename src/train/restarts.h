@@ -14,7 +14,8 @@
 // DTRAIN_TEST_KILL_AT_STEP=STEP:RANK[:ATTEMPT][,...] (testing only): rank
 // RANK kills itself with SIGKILL once step STEP is done (after its checkpoint,
 // if one is due), on attempt ATTEMPT only (= DTRAIN_RESTART_COUNT), or on
-// every attempt when ATTEMPT is left out. The restart tests use it to kill
+// every attempt when ATTEMPT is left out (the attempt as
+// restart_count_from_environment() counts it). The restart tests use it to kill
 // ranks at chosen steps without racing a fast run from outside.
 #pragma once
 
@@ -27,7 +28,13 @@ struct RestartState {
   int64_t steps_lost = 0;
 };
 
-// DTRAIN_RESTART_COUNT and DTRAIN_STEPS_LOST (0 when unset).
+// Restarts so far: DTRAIN_RESTART_COUNT (dtrain's launcher), else
+// TORCHELASTIC_RESTART_COUNT (torchrun --max-restarts, which restarts every
+// worker of the job the same way); 0 when neither is set.
+int64_t restart_count_from_environment();
+
+// The restart count above and DTRAIN_STEPS_LOST (0 when unset: torchrun does
+// not know how many steps a failure lost).
 RestartState restart_state_from_environment();
 
 // After step `done`: rank 0 records it in DTRAIN_PROGRESS_FILE, and a rank
