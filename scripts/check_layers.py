@@ -28,7 +28,7 @@ LEVEL = {
 OWNER = {
     "sharding.h": "common", "fsdp_compression.h": "common", "strategy_table.h": "common", "memory.h": "common",
     "shard_range.h": "common",
-    "comm.h": "comm", "grad_norm.h": "comm", "trace.h": "common", "trace_writer.h": "trace", "trace_summary.h": "trace",
+    "comm.h": "comm", "grad_norm.h": "comm", "join.h": "comm", "trace.h": "common", "trace_writer.h": "trace", "trace_summary.h": "trace",
     "models.h": "models", "deferred_init.h": "models", "data.h": "data",
     "ddp.h": "ddp", "comm_hooks.h": "ddp", "sync_batch_norm.h": "ddp",
     "fsdp.h": "fsdp", "ps.h": "ps",
