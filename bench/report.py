@@ -103,6 +103,7 @@ def block_collectives(results, backend):
     else:
         lines += ["| op | size | c10d call | dtrain busbw GB/s |", "|---|---:|---|---:|"]
     large, overheads = [], []
+    blocking_large, blocking_mid = [], []
     for op in ("all_reduce", "all_gather", "reduce_scatter"):
         for size, dtrain, raw_bw in series.get(op, []):
             if raw:
@@ -110,6 +111,11 @@ def block_collectives(results, backend):
                 extra = blocking.get((op, size))
                 if extra is not None:
                     bw = extra["dtrain_blocking_busbw_gbps"]
+                    if raw_bw:
+                        if size >= 1 << 20:
+                            blocking_large.append(bw / raw_bw)
+                        elif size >= 64 << 10:
+                            blocking_mid.append(bw / raw_bw)
                     lines.append("| %s | %s | %s | %.3f | %.3f | %.3f | %s | %s |"
                                  % (op, human_bytes(size), algorithms[op], dtrain, bw, raw_bw, ratio(share, 3),
                                     ratio(bw / raw_bw if raw_bw else None, 3)))
@@ -129,6 +135,12 @@ def block_collectives(results, backend):
         lines += ["", "At 1 MiB and above, dtrain / raw MPI: median **%.2f**, range %.2f-%.2f; %d of %d rows "
                   "within 5%% of raw (ratio >= 0.95)." % (statistics.median(large), min(large), max(large),
                                                           within, len(large))]
+    if blocking_large:
+        lines += ["", "Blocking form: %d of %d rows at 1 MiB and above within 5%% of raw (range %.2f-%.2f); %d of %d "
+                  "rows at 64-256 KiB at 0.80x raw or better (range %.2f-%.2f)."
+                  % (sum(1 for s in blocking_large if s >= 0.95), len(blocking_large), min(blocking_large),
+                     max(blocking_large), sum(1 for s in blocking_mid if s >= 0.80), len(blocking_mid),
+                     min(blocking_mid or [0]), max(blocking_mid or [0]))]
     if overheads:
         lines += ["", "Per-operation time over raw MPI at 4 KiB: " + "; ".join(overheads) + "."]
     return lines
