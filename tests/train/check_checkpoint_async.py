@@ -43,22 +43,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_dtrain import TIMEOUT_S, fail, read_metrics, say  # noqa: E402
-
-
-def run(command, env=None, expect_code=0):
-    """Runs `command` with `env` added to the environment; prints its output; returns (code, output)."""
-    say("running: %s%s" % ("".join("%s=%s " % item for item in (env or {}).items()), " ".join(command)))
-    try:
-        result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                timeout=TIMEOUT_S, env=dict(os.environ, **(env or {})))
-    except subprocess.TimeoutExpired:
-        fail("still running after %d s" % TIMEOUT_S)
-    output = result.stdout.decode("utf-8", errors="replace")
-    print(output.rstrip("\n"), flush=True)
-    if expect_code is not None and result.returncode != expect_code:
-        fail("%s exited with %d, expected %d" % (os.path.basename(command[0]), result.returncode, expect_code))
-    return result.returncode, output
+from run_dtrain import TIMEOUT_S, fail, read_metrics, run, say  # noqa: E402
 
 
 def losses(records):

@@ -20,13 +20,14 @@ def say(message):
     print("%s: %s" % (SCRIPT, message), flush=True)
 
 
-def run(command, expect_code=0):
-    """Runs `command` (at most TIMEOUT_S), prints its output, fails unless it exits
-    `expect_code` (None: any); returns (exit code, output)."""
-    say("running: " + " ".join(shlex.quote(a) for a in command))
+def run(command, expect_code=0, env=None):
+    """Runs `command` (at most TIMEOUT_S) with `env` added to the environment, prints its
+    output, fails unless it exits `expect_code` (None: any); returns (exit code, output)."""
+    say("running: " + "".join("%s=%s " % item for item in (env or {}).items()) +
+        " ".join(shlex.quote(a) for a in command))
     try:
         result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                timeout=TIMEOUT_S)
+                                timeout=TIMEOUT_S, env=dict(os.environ, **(env or {})))
     except subprocess.TimeoutExpired:
         fail("still running after %d s" % TIMEOUT_S)
     output = result.stdout.decode("utf-8", errors="replace")
