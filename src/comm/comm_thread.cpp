@@ -19,10 +19,33 @@ void CommThread::shutdown() {
 
 CommThread::~CommThread() { shutdown(); }
 
-WorkPtr CommThread::enqueue(Describe describe, Operation op, OperationTrace traced) {
+namespace {
+
+// A new operation's Work, carrying what wait() records in a trace.
+std::shared_ptr<WorkState> new_work(const OperationTrace& traced, trace::LabelValue& label) {
   auto work = std::make_shared<WorkState>();
-  const auto label = trace::enabled() ? trace::current_label() : trace::LabelValue{};
+  label = trace::enabled() ? trace::current_label() : trace::LabelValue{};
   work->set_trace(traced.op, label);
+  return work;
+}
+
+// Counts this thread among CommThread::waiters() for as long as it lives.
+class Waiting {
+ public:
+  explicit Waiting(std::atomic<int>& waiters) : waiters_(waiters) { waiters_.fetch_add(1, std::memory_order_relaxed); }
+  ~Waiting() { waiters_.fetch_sub(1, std::memory_order_relaxed); }
+  Waiting(const Waiting&) = delete;
+  Waiting& operator=(const Waiting&) = delete;
+
+ private:
+  std::atomic<int>& waiters_;
+};
+
+}  // namespace
+
+WorkPtr CommThread::enqueue(Describe describe, Operation op, OperationTrace traced) {
+  trace::LabelValue label;
+  auto work = new_work(traced, label);
   {
     std::lock_guard lock(mutex_);
     const uint64_t seq = next_seq_++;
@@ -39,18 +62,13 @@ WorkPtr CommThread::run_or_enqueue(Describe describe, Operation op, OperationTra
     lock.unlock();
     return enqueue(std::move(describe), std::move(op), traced);
   }
-  auto work = std::make_shared<WorkState>();
-  const auto label = trace::enabled() ? trace::current_label() : trace::LabelValue{};
-  work->set_trace(traced.op, label);
+  trace::LabelValue label;
+  auto work = new_work(traced, label);
   const uint64_t seq = next_seq_++;
   executing_ = true;
   // This thread waits for the operation as surely as one in Work::wait():
   // the backend must not pace its test loop (Note [waiting without spinning]).
-  waiters_.fetch_add(1, std::memory_order_relaxed);
-  struct Leave {
-    std::atomic<int>& waiters;
-    ~Leave() { waiters.fetch_sub(1, std::memory_order_relaxed); }
-  } leave{waiters_};
+  Waiting waiting(waiters_);
   execute(Task{seq, std::move(describe), std::move(op), work, traced, label}, lock);
   return work;
 }
@@ -76,11 +94,7 @@ void CommThread::loop() {
 }
 
 void CommThread::run_through(uint64_t seq) {
-  waiters_.fetch_add(1, std::memory_order_relaxed);
-  struct Leave {
-    std::atomic<int>& waiters;
-    ~Leave() { waiters.fetch_sub(1, std::memory_order_relaxed); }
-  } leave{waiters_};
+  Waiting waiting(waiters_);
   std::unique_lock lock(mutex_);
   while (finished_ <= seq) {
     if (!executing_ && !queue_.empty()) run_front(lock);
