@@ -1,5 +1,6 @@
 #include "launch.h"
 
+#include "elastic.h"
 #include "restarts.h"
 
 #include <CLI/CLI.hpp>
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -102,15 +104,33 @@ struct Child {
   std::optional<int> status;
 };
 
+// DTRAIN_TIMEOUT in seconds as the ranks read it (default 300); a malformed
+// value is left for the ranks to reject with their own message.
+double rank_timeout_seconds() {
+  const char* text = std::getenv("DTRAIN_TIMEOUT");
+  if (text == nullptr || *text == '\0') return 300.0;
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  return *end == '\0' && std::isfinite(seconds) && seconds > 0 ? seconds : 300.0;
+}
+
+// Asked while the job runs: a message when it should stop to be restarted on
+// more ranks (elastic.h, GrowWatch), else nullopt.
+using ResizeCheck = std::function<std::optional<std::string>()>;
+
 // Waits for every child. After the first failure the others get SIGTERM, and
 // SIGKILL once the grace period is over, so a job never outlives a dead rank.
-JobEnd supervise(std::vector<Child>& children, int grace_seconds) {
+// When `resize` asks for a stop, every child gets SIGTERM (dtrain train then
+// saves a checkpoint at the end of its step), and SIGKILL only after
+// DTRAIN_TIMEOUT, time enough for that save.
+JobEnd supervise(std::vector<Child>& children, int grace_seconds, const ResizeCheck& resize = {}) {
   using clock = std::chrono::steady_clock;
   std::optional<int> first_failure;
   std::string failure;
   std::optional<clock::time_point> kill_deadline;
   // Once we forward a SIGINT/SIGTERM, deaths by it are the requested stop, not news.
   bool stop_requested = false;
+  bool resize_requested = false;  // likewise for our own stop to grow
   auto signal_running = [&](int sig) {
     for (auto& child : children)
       if (!child.status) kill(-child.pid, sig);  // its whole process group (see spawn)
@@ -125,21 +145,31 @@ JobEnd supervise(std::vector<Child>& children, int grace_seconds) {
       if (!kill_deadline) kill_deadline = clock::now() + std::chrono::seconds(grace_seconds);
     }
     if (kill_deadline && clock::now() > *kill_deadline) signal_running(SIGKILL);
+    if (resize && !stop_requested && !resize_requested && !first_failure) {
+      if (const std::optional<std::string> why = resize()) {
+        std::cerr << "dtrain launch: " << *why << std::endl;
+        signal_running(SIGTERM);
+        resize_requested = true;
+        kill_deadline = clock::now() + std::chrono::seconds(static_cast<int64_t>(
+                                           std::max<double>(grace_seconds, rank_timeout_seconds())));
+      }
+    }
 
+    // Our children only: a host probe (elastic.h) may be running in another thread.
     int status = 0;
-    const pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid < 0 && errno == EINTR) continue;
-    if (pid <= 0) {
+    auto child = children.end();
+    for (auto it = children.begin(); it != children.end() && child == children.end(); ++it)
+      if (!it->status && waitpid(it->pid, &status, WNOHANG) == it->pid) child = it;
+    if (child == children.end()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
     }
-    auto child = std::find_if(children.begin(), children.end(), [pid](const Child& c) { return c.pid == pid; });
-    if (child == children.end()) continue;
+    const pid_t pid = child->pid;
     child->status = status;
     ++finished;
     if (exit_code_of(status) == 0 || first_failure) continue;
     first_failure = exit_code_of(status);
-    if (stop_requested) continue;
+    if (stop_requested || resize_requested) continue;
     failure = child->name + " (pid " + std::to_string(pid) + ") " + describe_status(status);
     std::cerr << "dtrain launch: " << failure;
     if (finished < children.size())
@@ -149,7 +179,7 @@ JobEnd supervise(std::vector<Child>& children, int grace_seconds) {
     signal_running(SIGTERM);
     kill_deadline = clock::now() + std::chrono::seconds(grace_seconds);
   }
-  return {.code = first_failure.value_or(0), .failure = failure, .stopped = stop_requested};
+  return {.code = first_failure.value_or(0), .failure = failure, .stopped = stop_requested, .resized = resize_requested};
 }
 
 bool running_as_root() { return geteuid() == 0; }
@@ -177,7 +207,8 @@ std::vector<std::pair<std::string, std::string>> thread_env(int threads) {
   return {{"OMP_NUM_THREADS", t}, {"MKL_NUM_THREADS", t}, {"DTRAIN_THREADS_PER_RANK", t}};
 }
 
-JobEnd launch_c10d_local(const LaunchOptions& options, int threads, const Environment& job_env) {
+JobEnd launch_c10d_local(const LaunchOptions& options, int threads, const Environment& job_env,
+                         const ResizeCheck& resize) {
   const std::string port = std::to_string(pick_free_port());
   std::vector<Child> children;
   for (int rank = 0; rank < options.nproc; ++rank) {
@@ -191,18 +222,9 @@ JobEnd launch_c10d_local(const LaunchOptions& options, int threads, const Enviro
     env.insert(env.end(), job_env.begin(), job_env.end());
     children.push_back({"rank " + std::to_string(rank), spawn(options.command, env), std::nullopt});
   }
-  return supervise(children, options.grace_seconds);
+  return supervise(children, options.grace_seconds, resize);
 }
 
-// DTRAIN_TIMEOUT in seconds as the ranks read it (default 300); a malformed
-// value is left for the ranks to reject with their own message.
-double rank_timeout_seconds() {
-  const char* text = std::getenv("DTRAIN_TIMEOUT");
-  if (text == nullptr || *text == '\0') return 300.0;
-  char* end = nullptr;
-  const double seconds = std::strtod(text, &end);
-  return *end == '\0' && std::isfinite(seconds) && seconds > 0 ? seconds : 300.0;
-}
 
 // mpirun learns that a host is gone (a cut link, a dead node) only from TCP
 // keepalive on its daemon's connection: by default after 5 minutes idle and 9
@@ -226,7 +248,7 @@ void detect_lost_hosts_before_the_watchdog(std::vector<std::string>& args) {
 // under `dtrain launch --supervise-rank` (supervise_rank below), which names
 // a rank that died and how; mpirun's own message does not always say.
 // The launcher adds what mpirun needs on a shared machine and forwards signals.
-JobEnd launch_mpi(const LaunchOptions& options, int threads, const Environment& job_env) {
+JobEnd launch_mpi(const LaunchOptions& options, int threads, const Environment& job_env, const ResizeCheck& resize) {
   std::vector<std::string> args{"mpirun"};
   // OpenMPI refuses to run as root unless told to.
   if (running_as_root()) args.push_back("--allow-run-as-root");
@@ -241,7 +263,7 @@ JobEnd launch_mpi(const LaunchOptions& options, int threads, const Environment& 
   for (const auto& [name, value] : job_env) args.insert(args.end(), {"-x", name + "=" + value});
   // Forward dtrain's own settings to every rank (mpirun only passes what -x names to remote hosts).
   for (const char* name : {"DTRAIN_TIMEOUT", "DTRAIN_DEBUG", "DTRAIN_PROGRESS_LIVE", "DTRAIN_MEMORY_CAP_MB", "DTRAIN_FAULT_DISK_BYTES",
-                           "DTRAIN_TEST_KILL_AT_STEP", "DTRAIN_COMM_WAIT", "DTRAIN_COMM_MAX_SLEEP_US", "DTRAIN_COMM_NONBLOCKING_MIN_BYTES"})
+                           "DTRAIN_TEST_KILL_AT_STEP", "DTRAIN_TEST_SAMPLE_LOG", "DTRAIN_COMM_WAIT", "DTRAIN_COMM_MAX_SLEEP_US", "DTRAIN_COMM_NONBLOCKING_MIN_BYTES"})
     if (std::getenv(name)) args.insert(args.end(), {"-x", name});
   // Containers often forbid the cross-process memory attach (CMA) that the
   // shared-memory transport uses for large messages; copy-in/copy-out works everywhere.
@@ -249,7 +271,16 @@ JobEnd launch_mpi(const LaunchOptions& options, int threads, const Environment& 
   args.insert(args.end(), {self_executable(), "launch", "--supervise-rank", "--"});
   args.insert(args.end(), options.command.begin(), options.command.end());
   std::vector<Child> children{{"mpirun", spawn(args, {}), std::nullopt}};
-  return supervise(children, options.grace_seconds);
+  return supervise(children, options.grace_seconds, resize);
+}
+
+// The ranks sharing one machine: the largest slot count on any host (a host
+// without a slot count may get them all), at most the job's.
+int ranks_per_host(const LaunchOptions& options) {
+  if (options.hosts.empty()) return options.nproc;
+  int most = 0;
+  for (const auto& host : parse_hosts(options.hosts)) most = std::max(most, host.slots > 0 ? host.slots : options.nproc);
+  return std::min(options.nproc, most);
 }
 
 }  // namespace
@@ -303,25 +334,43 @@ int launch(const LaunchOptions& options) {
                                 "' (not an executable file, nor on PATH)");
   if (options.backend == "mpi" && !find_executable("mpirun"))
     throw std::invalid_argument("mpirun is not installed: run scripts/setup (it installs openmpi-bin), or use --backend c10d");
-  // The largest slot count on any host bounds the ranks sharing one machine;
-  // a host without a slot count may get them all.
-  int local_ranks = options.nproc;
-  if (!options.hosts.empty()) {
-    int most = 0;
-    std::stringstream list(options.hosts);
-    for (std::string entry; std::getline(list, entry, ',');) {
-      const auto colon = entry.find(':');
-      const int slots = colon == std::string::npos ? options.nproc : std::atoi(entry.c_str() + colon + 1);
-      if (slots < 1) throw std::invalid_argument("--hosts: '" + entry + "' needs HOST or HOST:SLOTS with SLOTS >= 1");
-      most = std::max(most, slots);
-    }
-    local_ranks = std::min(local_ranks, most);
-  }
-  const int threads = options.threads_per_rank > 0 ? options.threads_per_rank : default_threads_per_rank(local_ranks);
+  const RankRange range{options.min_nproc > 0 ? options.min_nproc : options.nproc, options.nproc};
+  if (range.min > range.max)
+    throw std::invalid_argument("--nproc " + std::to_string(range.min) + ":" + std::to_string(range.max) +
+                                ": MIN must not exceed MAX");
+  const std::vector<HostSlots> hosts = options.hosts.empty() ? std::vector<HostSlots>{} : parse_hosts(options.hosts);
+  if (range.elastic() && hosts.empty())
+    throw std::invalid_argument("--nproc " + to_string(range) + " resizes a job when hosts are lost or come back: give "
+                                "--hosts HOST:SLOTS,... (ranks on one machine do not come and go; use -n N)");
+  for (const auto& host : hosts)
+    if (range.elastic() && host.slots < 1)
+      throw std::invalid_argument("--hosts: with --nproc " + to_string(range) + " every host needs its slot count "
+                                  "(HOST:SLOTS, the ranks it runs), got '" + host.host + "'");
+  if (range.elastic() && options.max_restarts == 0)
+    throw std::invalid_argument("--nproc " + to_string(range) + " lets a restart run on fewer ranks: give --max-restarts K "
+                                "and --checkpoint-dir DIR too (without restarts the job runs once)");
   tell_ranks_whether_stdout_is_a_terminal();
   install_forwarding_handlers();
-  auto attempt = [&](const Environment& env) {
-    return options.backend == "mpi" ? launch_mpi(options, threads, env) : launch_c10d_local(options, threads, env);
+  auto attempt = [&](const Environment& env) -> JobEnd {
+    LaunchOptions placed = options;
+    std::optional<GrowWatch> grow;
+    if (range.elastic()) {
+      try {
+        const Placement placement = place_elastic_job(hosts, range);
+        placed.nproc = placement.nproc;
+        placed.hosts = placement.hosts;
+        std::cerr << "dtrain launch: starting " << describe(placement) << std::endl;
+        grow.emplace(placement, range);
+      } catch (const std::runtime_error& error) {
+        std::cerr << "dtrain launch: cannot start the job: " << error.what() << std::endl;
+        return {.code = 1, .failure = error.what(), .final = true};
+      }
+    }
+    const ResizeCheck resize = grow ? ResizeCheck([&grow] { return grow->poll(); }) : ResizeCheck();
+    const int threads =
+        placed.threads_per_rank > 0 ? placed.threads_per_rank : default_threads_per_rank(ranks_per_host(placed));
+    return placed.backend == "mpi" ? launch_mpi(placed, threads, env, resize)
+                                   : launch_c10d_local(placed, threads, env, resize);
   };
   if (options.max_restarts == 0) return attempt({}).code;
   return run_with_restarts({.max_restarts = options.max_restarts, .checkpoint_dir = options.checkpoint_dir}, attempt);
@@ -330,7 +379,9 @@ int launch(const LaunchOptions& options) {
 CLI::App* add_launch_subcommand(CLI::App& app, LaunchFlags& flags) {
   auto& launch = flags.options;
   auto* cmd = app.add_subcommand("launch", "Start N ranks of a program (locally, or across hosts via mpirun)");
-  cmd->add_option("-n,--nproc", launch.nproc, "Number of ranks (required)")->check(CLI::PositiveNumber);
+  cmd->add_option("-n,--nproc", flags.nproc,
+                  "Number of ranks (required): N, or MIN:MAX with --hosts and --max-restarts to restart on the hosts "
+                  "that remain when one is lost (at least MIN ranks) and grow back up to MAX when it returns");
   cmd->add_option("--backend", launch.backend, "How ranks find each other: mpi (mpirun) or c10d (torchrun-style)")
       ->check(CLI::IsMember({"mpi", "c10d"}));
   cmd->add_option("--hosts", launch.hosts, "HOST:SLOTS,... for a multi-host mpi job");
@@ -369,6 +420,11 @@ int launch_main(LaunchFlags& flags) {
     launch_options.command = flags.program_after_dashes;
   }
   if (flags.supervise_rank) return supervise_rank(launch_options.command);
+  if (!flags.nproc.empty()) {
+    const RankRange range = parse_rank_range(flags.nproc, "-n/--nproc");
+    launch_options.nproc = range.max;
+    launch_options.min_nproc = range.min;
+  }
   return launch(launch_options);
 }
 

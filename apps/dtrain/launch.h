@@ -15,6 +15,9 @@ namespace dtrain::cli {
 
 struct LaunchOptions {
   int nproc = 0;  // required: launch() rejects 0
+  // Elastic (apps/dtrain/elastic.h): each attempt runs on the hosts that
+  // answer, with at least min_nproc and at most nproc ranks; 0 = always nproc.
+  int min_nproc = 0;
   std::string backend = "mpi";  // mpi | c10d
   // "host:slots,host:slots" for multi-host mpi jobs; empty = this machine.
   std::string hosts;
@@ -47,6 +50,7 @@ std::string self_executable();
 // What `dtrain launch` parses: the job, and the internal --supervise-rank.
 struct LaunchFlags {
   LaunchOptions options;
+  std::string nproc;  // -n N or MIN:MAX, parsed into options by launch_main
   bool supervise_rank = false;
   std::vector<std::string> program_after_dashes;  // split_off_launch_program
 };

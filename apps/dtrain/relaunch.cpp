@@ -10,6 +10,7 @@ int relaunch_as_job(const std::vector<std::string>& words, int nproc, const std:
                     int threads_per_rank, const std::string& hosts, const RestartOptions& restarts) {
   LaunchOptions job;
   job.nproc = nproc;
+  job.min_nproc = restarts.min_ranks;
   job.backend = backend;
   job.hosts = hosts;
   job.threads_per_rank = threads_per_rank;

@@ -52,7 +52,8 @@ int run_with_restarts(const RestartOptions& options, const std::function<JobEnd(
   fs::create_directories(dir);
   const fs::path progress = fs::path(dir) / ".dtrain-progress";
   const fs::path failures = fs::path(dir) / ".dtrain-failures";
-  int restarts = 0;
+  int restarts = 0;            // every restart, grows included (DTRAIN_RESTART_COUNT)
+  int failures_restarted = 0;  // the restarts after a failure, which --max-restarts limits
   int64_t steps_lost = 0;
   std::optional<int64_t> previous_checkpoint;  // the newest checkpoint at the previous failure
   int without_progress = 0;                    // failures in a row that it did not advance
@@ -64,10 +65,20 @@ int run_with_restarts(const RestartOptions& options, const std::function<JobEnd(
                                 {"DTRAIN_STEPS_LOST", std::to_string(steps_lost)},
                                 {"DTRAIN_PROGRESS_FILE", progress.string()},
                                 {"DTRAIN_FAILURE_FILE", failures.string()}});
-    if (end.code == 0 || end.stopped) return end.code;
+    if (end.code == 0 || end.stopped || end.final) return end.code;
     const std::string who = who_failed(failures, end);
     const std::optional<int64_t> reached = steps_done(progress);
     const std::string where = reached ? " after step " + std::to_string(*reached) : " before its first step";
+    if (end.resized) {  // stopped by the launcher to grow (elastic.h): it saved a checkpoint as it stopped
+      const int64_t checkpoint = newest_checkpoint(dir);
+      const int64_t lost = reached ? std::max<int64_t>(0, *reached - checkpoint) : 0;
+      ++restarts;
+      steps_lost += lost;
+      std::cerr << "dtrain launch: restart to grow (not counted against --max-restarts): the job stopped" << where
+                << "; continuing from " << checkpoint_name(dir, checkpoint) << ", " << lost
+                << (lost == 1 ? " step" : " steps") << " lost" << std::endl;
+      continue;
+    }
     if (end.code == 2) {
       std::cerr << "dtrain launch: not restarting: " << who << where
                 << ", a usage error (exit code 2) that a restart would repeat" << std::endl;
@@ -77,7 +88,8 @@ int run_with_restarts(const RestartOptions& options, const std::function<JobEnd(
     without_progress = previous_checkpoint && checkpoint <= *previous_checkpoint ? without_progress + 1 : 0;
     previous_checkpoint = checkpoint;
     if (without_progress >= 2) {
-      std::cerr << "dtrain launch: giving up after " << restarts << (restarts == 1 ? " restart" : " restarts") << ": "
+      std::cerr << "dtrain launch: giving up after " << failures_restarted
+                << (failures_restarted == 1 ? " restart" : " restarts") << ": "
                 << who << where << ", and the job has failed " << without_progress + 1
                 << " times in a row without getting past " << checkpoint_name(dir, checkpoint)
                 << ". A failure that recurs at the same step is not one a restart fixes (a rank's error above "
@@ -87,7 +99,7 @@ int run_with_restarts(const RestartOptions& options, const std::function<JobEnd(
                 << "." << std::endl;
       return end.code;
     }
-    if (restarts >= options.max_restarts) {
+    if (failures_restarted >= options.max_restarts) {
       std::cerr << "dtrain launch: giving up: " << who << where << ", and the job has been restarted "
                 << options.max_restarts << (options.max_restarts == 1 ? " time" : " times")
                 << " already (--max-restarts " << options.max_restarts << "); the newest is "
@@ -97,9 +109,10 @@ int run_with_restarts(const RestartOptions& options, const std::function<JobEnd(
     }
     const int64_t lost = reached ? std::max<int64_t>(0, *reached - checkpoint) : 0;
     ++restarts;
+    ++failures_restarted;
     steps_lost += lost;
     std::ostringstream line;
-    line << "dtrain launch: restart " << restarts << " of " << options.max_restarts << ": " << who << where
+    line << "dtrain launch: restart " << failures_restarted << " of " << options.max_restarts << ": " << who << where
          << "; restarting from " << checkpoint_name(dir, checkpoint) << ", " << lost
          << (lost == 1 ? " step" : " steps") << " lost (" << steps_lost << " in all)";
     std::cerr << line.str() << std::endl;

@@ -28,6 +28,8 @@ struct JobEnd {
   int code = 0;          // the job's exit code (the first failing rank's)
   std::string failure;   // "rank 1 (pid 42) was killed by signal 9 (Killed)"; "" when none
   bool stopped = false;  // SIGINT/SIGTERM from the user: a requested stop
+  bool final = false;    // the attempt could not start (too few hosts left): no restart helps
+  bool resized = false;  // stopped by the launcher to restart on more ranks (elastic.h): not a failure
 };
 
 // Environment variables added to every rank of an attempt.
@@ -36,6 +38,9 @@ using Environment = std::vector<std::pair<std::string, std::string>>;
 struct RestartOptions {
   int max_restarts = 0;
   std::string checkpoint_dir;
+  // Elastic (apps/dtrain/elastic.h): a restart may run on as few as this
+  // many ranks, on the hosts that remain; 0 = always the job's size.
+  int min_ranks = 0;
 };
 
 // Runs `attempt` until it succeeds, is stopped, or may not be restarted

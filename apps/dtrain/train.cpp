@@ -1,5 +1,6 @@
 #include "train.h"
 
+#include "elastic.h"
 #include "launch.h"
 #include "relaunch.h"
 #include "train/restarts.h"
@@ -31,7 +32,8 @@ std::string message_of(const std::exception& error) {
 // What the flags say, before per-model defaults are filled in.
 struct TrainFlags {
   TrainConfig config;
-  int nproc = 0;
+  std::string nproc;  // N or MIN:MAX (elastic.h); "" = default_nproc
+  std::string hosts;
   std::string backend = "mpi";
   std::string shuffle = "true";
   int max_restarts = 0;
@@ -107,9 +109,20 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
   parallel->add_option("--strategy", c.strategy, strategy_list())
       ->check(CLI::IsMember(strategies))->capture_default_str();
   parallel->add_option("--nproc", f.nproc,
-                       "Local ranks to start (default: min(4, cores); 1 for --strategy single). "
-                       "Inside a launched job the job's ranks are used.")
-      ->check(kPositive);
+                       "Ranks to start (default: min(4, cores); 1 for --strategy single), or MIN:MAX with --hosts and "
+                       "--max-restarts: a restart goes on with the hosts that remain (at least MIN ranks) and grows "
+                       "back up to MAX (docs/elastic.md). Inside a launched job the job's ranks are used.")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            try {
+              parse_rank_range(value, "--nproc");
+              return "";
+            } catch (const std::invalid_argument& error) {
+              return std::string(error.what()).substr(std::string("--nproc ").size());
+            }
+          },
+          "N|MIN:MAX"));
+  add_hosts_option(*parallel, f.hosts);
   parallel->add_option("--backend", f.backend, "How the started ranks find each other: mpi | c10d")
       ->check(CLI::IsMember({"mpi", "c10d"}))->capture_default_str();
   parallel->add_option("--compress", c.compress, "DDP gradient compression: none | bf16 | powersgd | topk")
@@ -307,8 +320,11 @@ int train_main(const std::vector<std::string>& args) {
     if (backend_from_environment() != "self") {
       // One rank of a job that a launcher (dtrain launch, mpirun, torchrun) started.
       auto world = init();
-      if (given(app, "--nproc") && flags.nproc != world->size())
-        throw std::invalid_argument("--nproc " + std::to_string(flags.nproc) + " disagrees with the job's " +
+      // An elastic job's attempts run at any size in MIN:MAX.
+      const RankRange range = given(app, "--nproc") ? parse_rank_range(flags.nproc, "--nproc")
+                                                    : RankRange{world->size(), world->size()};
+      if (world->size() < range.min || world->size() > range.max)
+        throw std::invalid_argument("--nproc " + flags.nproc + " disagrees with the job's " +
                                     std::to_string(world->size()) + " ranks; leave --nproc out inside a launched job");
       // Set by dtrain launch: under mpirun a rank's stdout is a pseudo-terminal
       // even when the job's output goes to a file.
@@ -318,18 +334,22 @@ int train_main(const std::vector<std::string>& args) {
       if (train::restart_count_from_environment() > 0) config.resume = !config.checkpoint_dir.empty();
       return train_rank(config, world);
     }
-    const int nproc = given(app, "--nproc") ? flags.nproc : default_nproc(config);
+    const int fixed = default_nproc(config);
+    const RankRange range = given(app, "--nproc") ? parse_rank_range(flags.nproc, "--nproc") : RankRange{fixed, fixed};
+    const int nproc = range.max;
     if (const StrategyInfo* row = find_strategy(config.strategy); row && !row->multi_rank && nproc > 1)
       throw std::invalid_argument("--strategy " + config.strategy + " trains one process; --nproc " +
-                                  std::to_string(nproc) + " needs a data-parallel strategy such as --strategy ddp");
-    // Every check that needs no data, before any rank starts.
-    check_train_config(config, nproc);
+                                  to_string(range) + " needs a data-parallel strategy such as --strategy ddp");
+    // Every check that needs no data, before any rank starts: at both ends of
+    // an elastic range.
+    check_train_config(config, range.min);
+    check_train_config(config, range.max);
     check_init_from(config);
     if (flags.max_restarts > 0 && config.checkpoint_dir.empty())
       throw std::invalid_argument("--max-restarts " + std::to_string(flags.max_restarts) +
                                   " restarts the job from its newest checkpoint: give --checkpoint-dir DIR (and "
                                   "--checkpoint-every N, so that a restart loses at most N steps)");
-    if (nproc == 1 && flags.max_restarts == 0) {
+    if (nproc == 1 && flags.max_restarts == 0 && flags.hosts.empty()) {
       at::set_num_threads(default_threads_per_rank(1));  // all cores (DTRAIN_THREADS_PER_RANK overrides in init)
       return train_rank(config, init());
     }
@@ -337,7 +357,9 @@ int train_main(const std::vector<std::string>& args) {
     std::vector<std::string> words{"train"};
     words.insert(words.end(), args.begin(), args.end());
     // With --max-restarts even one rank runs as a job: the launcher restarts it.
-    return relaunch_as_job(words, nproc, flags.backend, 0, "", {flags.max_restarts, config.checkpoint_dir});
+    return relaunch_as_job(words, nproc, flags.backend, 0, flags.hosts,
+                           {.max_restarts = flags.max_restarts, .checkpoint_dir = config.checkpoint_dir,
+                            .min_ranks = range.min});
   } catch (const std::invalid_argument& error) {
     std::cerr << "dtrain train: " + std::string(error.what()) + "\n" << std::flush;  // one write per line
     return 2;
