@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Compares the per-step training losses of two `dtrain train --metrics` files.
 
-    python3 tests/multihost/compare_losses.py REFERENCE.jsonl RUN.jsonl [--resumed-after K] [--tolerance T]
+    python3 tests/multihost/compare_losses.py REFERENCE.jsonl RUN.jsonl [--resumed-after K] [--through L]
+        [--tolerance T]
 
 RUN must have a loss for every step REFERENCE has (after step K with
 --resumed-after K, and then none for the steps up to K: a resumed run starts
-right after its checkpoint, which a run restarted from scratch would not).
+right after its checkpoint, which a run restarted from scratch would not);
+--through L leaves out both files' steps after L. A step logged twice (a
+run restarted from a checkpoint redoes steps) counts with its last loss.
 Prints whether the losses are bitwise equal, else the largest absolute
 difference; exits 1 if the steps differ or a difference exceeds T (1e-6).
 """
@@ -31,10 +34,13 @@ def main():
     parser.add_argument("run")
     parser.add_argument("--resumed-after", type=int, default=0, metavar="K",
                         help="RUN resumed from the checkpoint of step K")
+    parser.add_argument("--through", type=int, default=None, metavar="L", help="compare the steps up to L only")
     parser.add_argument("--tolerance", type=float, default=1e-6)
     args = parser.parse_args()
-    run = step_losses(args.run)
-    reference = {step: loss for step, loss in step_losses(args.reference).items() if step > args.resumed_after}
+    last = args.through if args.through is not None else float("inf")
+    run = {step: loss for step, loss in step_losses(args.run).items() if step <= last}
+    reference = {step: loss for step, loss in step_losses(args.reference).items()
+                 if args.resumed_after < step <= last}
     if not reference:
         print(f"{args.reference}: no step losses after step {args.resumed_after}")
         return 1
