@@ -30,6 +30,7 @@
 #include "train/run_checkpoints.h"
 #include "train/ps_training.h"
 #include "train/run_report.h"
+#include "train/sample_log.h"
 #include "train/samples.h"
 #include "train/stop_signals.h"
 #include "train/step_loop.h"
@@ -214,6 +215,8 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   outcome.lr = train::learning_rate(schedule_, step);
   train::set_learning_rate(*optimizer_, outcome.lr);
   const std::vector<int64_t> local_indices = sampler_->local_batch(step);
+  train::log_samples(world_size_, rank_, step, sampler_->options().dataset_size,  // DTRAIN_TEST_SAMPLE_LOG
+                     sampler_->options().global_batch_size, local_indices);
   const data::Batch part = data_.train->get_batch(local_indices);
   stragglers_.begin();
   optimizer_->zero_grad();
