@@ -68,6 +68,7 @@ asan:
 check-long: build
 	BUILD=$(BUILD) tests/long/check_long.sh
 	BUILD=$(BUILD) tests/multihost/run_two_hosts.sh
+	BUILD=$(BUILD) tests/multihost/run_elastic.sh
 	BUILD=$(BUILD) tests/fresh_machine/check_fresh_machine.sh
 
 # A newcomer's machine (issue 14): a bare Debian 12 root (debootstrap minbase
@@ -81,11 +82,14 @@ check-fresh-machine:
 
 # Two hosts as network namespaces on this machine (issue 6): a 2-host x 2-rank
 # job over TCP (mpi and c10d) equals the single-host run; a cut link ends it
-# within DTRAIN_TIMEOUT and it resumes from its checkpoint. Needs root (else it
-# prints SKIP and passes); about 2 minutes on 2 cores.
+# within DTRAIN_TIMEOUT and it resumes from its checkpoint; an elastic job
+# (--nproc 2:4) loses a host, goes on with the other, and grows back when it
+# returns (run_elastic.sh, which make test also runs). Needs root (else it
+# prints SKIP and passes); about 3 minutes on 2 cores.
 .PHONY: check-multihost
 check-multihost: build
 	BUILD=$(BUILD) tests/multihost/run_two_hosts.sh
+	BUILD=$(BUILD) tests/multihost/run_elastic.sh
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

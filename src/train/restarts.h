@@ -3,7 +3,8 @@
 //
 // The launcher sets, for every attempt of a job it restarts:
 //   DTRAIN_RESTART_COUNT  restarts so far (0 on the first attempt), as
-//                         torchrun's TORCHELASTIC_RESTART_COUNT;
+//                         torchrun's TORCHELASTIC_RESTART_COUNT; an elastic
+//                         job's restarts to grow count too;
 //   DTRAIN_STEPS_LOST     steps done before a failure and not in the
 //                         checkpoint the job restarted from, summed;
 //   DTRAIN_PROGRESS_FILE  where rank 0 records the steps done after each
