@@ -263,7 +263,7 @@ JobEnd launch_mpi(const LaunchOptions& options, int threads, const Environment& 
   for (const auto& [name, value] : job_env) args.insert(args.end(), {"-x", name + "=" + value});
   // Forward dtrain's own settings to every rank (mpirun only passes what -x names to remote hosts).
   for (const char* name : {"DTRAIN_TIMEOUT", "DTRAIN_DEBUG", "DTRAIN_PROGRESS_LIVE", "DTRAIN_MEMORY_CAP_MB", "DTRAIN_FAULT_DISK_BYTES",
-                           "DTRAIN_TEST_KILL_AT_STEP", "DTRAIN_TEST_SAMPLE_LOG", "DTRAIN_COMM_WAIT", "DTRAIN_COMM_MAX_SLEEP_US", "DTRAIN_COMM_NONBLOCKING_MIN_BYTES"})
+                           "DTRAIN_TEST_KILL_AT_STEP", "DTRAIN_TEST_HANG_AT_STEP", "DTRAIN_TEST_SAMPLE_LOG", "DTRAIN_COMM_WAIT", "DTRAIN_COMM_MAX_SLEEP_US", "DTRAIN_COMM_NONBLOCKING_MIN_BYTES"})
     if (std::getenv(name)) args.insert(args.end(), {"-x", name});
   // Containers often forbid the cross-process memory attach (CMA) that the
   // shared-memory transport uses for large messages; copy-in/copy-out works everywhere.

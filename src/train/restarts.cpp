@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 namespace dtrain::train {
 namespace {
@@ -38,9 +39,9 @@ int progress_fd() {
   return fd;
 }
 
-// Whether DTRAIN_TEST_KILL_AT_STEP names this rank, step `done` and attempt.
-bool kill_requested(int64_t done) {
-  static const char* spec = std::getenv("DTRAIN_TEST_KILL_AT_STEP");
+// Whether `spec` (DTRAIN_TEST_KILL_AT_STEP's form) names this rank, step
+// `done` and attempt.
+bool named_in(const char* spec, int64_t done) {
   if (spec == nullptr || *spec == '\0') return false;
   static const int64_t rank = this_rank();
   static const int64_t attempt = restart_count_from_environment();
@@ -73,11 +74,14 @@ void after_step(int64_t done) {
       // Progress is advice for the launcher's message; training goes on.
     }
   }
-  if (kill_requested(done)) {
-    std::fprintf(stderr, "dtrain: DTRAIN_TEST_KILL_AT_STEP: rank %lld kills itself after step %lld\n",
-                 static_cast<long long>(this_rank()), static_cast<long long>(done));
+  static const char* kill_spec = std::getenv("DTRAIN_TEST_KILL_AT_STEP");
+  static const char* hang_spec = std::getenv("DTRAIN_TEST_HANG_AT_STEP");
+  for (const auto& [spec, name, signal] : {std::tuple{kill_spec, "KILL", SIGKILL}, std::tuple{hang_spec, "HANG", SIGSTOP}}) {
+    if (!named_in(spec, done)) continue;
+    std::fprintf(stderr, "dtrain: DTRAIN_TEST_%s_AT_STEP: rank %lld %s itself after step %lld\n", name,
+                 static_cast<long long>(this_rank()), signal == SIGKILL ? "kills" : "stops", static_cast<long long>(done));
     std::fflush(stderr);
-    ::kill(::getpid(), SIGKILL);
+    ::kill(::getpid(), signal);
   }
 }
 

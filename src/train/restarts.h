@@ -18,6 +18,9 @@
 // every attempt when ATTEMPT is left out (the attempt as
 // restart_count_from_environment() counts it). The restart tests use it to kill
 // ranks at chosen steps without racing a fast run from outside.
+// DTRAIN_TEST_HANG_AT_STEP (same form, testing only): the rank stops itself
+// with SIGSTOP instead, a rank that hangs: its peers' watchdogs fire after
+// DTRAIN_TIMEOUT, and the restart test checks that this, too, restarts the job.
 #pragma once
 
 #include <cstdint>
@@ -39,8 +42,8 @@ int64_t restart_count_from_environment();
 RestartState restart_state_from_environment();
 
 // After step `done`: rank 0 records it in DTRAIN_PROGRESS_FILE, and a rank
-// that DTRAIN_TEST_KILL_AT_STEP names for this step kills itself. Nothing
-// when neither is set.
+// that DTRAIN_TEST_KILL_AT_STEP (or _HANG_AT_STEP) names for this step kills
+// (or stops) itself. Nothing when none is set.
 void after_step(int64_t done);
 
 }  // namespace dtrain::train
