@@ -1,0 +1,147 @@
+// Tensor parallelism (Megatron-style): one layer's weight split across the
+// ranks of a tensor-parallel group (DeviceMesh's "tp" communicator), with the
+// collectives placed so that forward and backward equal the unsplit layer.
+//
+// The two building blocks, each the other's transpose:
+//   copy_to_group      forward: identity       backward: all-reduce (sum)
+//   reduce_from_group  forward: all-reduce     backward: identity
+// A ColumnParallelLinear (weight split by output features) reads a replicated
+// input through copy_to_group: every rank computes its slice of the output,
+// and in backward the input's gradient is the sum of every slice's part. A
+// RowParallelLinear (split by input features) takes that split output and
+// sums the partial products with reduce_from_group. A block of column then
+// row (attention's qkv and projection, the MLP's fc and proj) thus costs one
+// all-reduce forward and one backward, and its activations in between are
+// split across the group.
+//
+// Every rank of the group computes the same loss from replicated values and
+// runs backward on its own copy; so a replicated parameter (a LayerNorm's)
+// gets the full gradient on every rank, and a split one its slice's.
+//
+// Initialisation does not depend on the group's size: each layer draws its
+// full weight as the unsplit torch::nn module would from the default
+// generator (so seed every rank of the group alike) and keeps its slice.
+#pragma once
+
+#include <dtrain/comm.h>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+
+namespace dtrain::tp {
+
+// ---------------------------------------------------------------- collectives
+// Autograd-aware; `group` is the tensor-parallel communicator. A group of one
+// rank makes every function the identity.
+
+// Forward: x. Backward: the gradient all-reduced (sum) over the group.
+torch::Tensor copy_to_group(const torch::Tensor& x, const CommPtr& group);
+// Forward: x all-reduced (sum) over the group. Backward: the gradient as is.
+torch::Tensor reduce_from_group(const torch::Tensor& x, const CommPtr& group);
+// Forward: the ranks' x concatenated along the last dimension, in rank order
+// (each rank's x has the same shape). Backward: this rank's slice of the
+// gradient.
+torch::Tensor gather_last_dim(const torch::Tensor& x, const CommPtr& group);
+// Forward: this rank's slice of x along the last dimension (its size must
+// divide evenly). Backward: the slices' gradients gathered.
+torch::Tensor split_last_dim(const torch::Tensor& x, const CommPtr& group);
+
+// ---------------------------------------------------------------- slicing
+// Which rows of a full [out, in] weight a column-parallel rank holds: `out`
+// is `sections` equal sections (a fused qkv has 3: q, k, v), and each section
+// is split evenly across the group, so that rank r holds the r-th slice of
+// every section (for attention: the same heads of q, k and v), sections in
+// order. Throws std::invalid_argument when a section does not split evenly.
+torch::Tensor column_slice(const torch::Tensor& full, int rank, int size, int64_t sections = 1);
+// The columns (dim 1) of a full [out, in] weight a row-parallel rank holds.
+torch::Tensor row_slice(const torch::Tensor& full, int rank, int size);
+
+// ---------------------------------------------------------------- layers
+struct ColumnParallelLinearOptions {
+  bool bias = true;
+  // Gather the split output into the full [..., out] on every rank (a final
+  // layer); false: each rank returns its slice [..., out / size].
+  bool gather_output = false;
+  // Equal sections of the output features, each split across the group (see
+  // column_slice): 3 for a fused qkv projection.
+  int64_t sections = 1;
+};
+
+// y = x W^T + b with W's rows split across the group: weight [out / size, in],
+// bias [out / size]. Input [..., in], replicated on the group's ranks.
+class ColumnParallelLinearImpl : public torch::nn::Module {
+ public:
+  ColumnParallelLinearImpl(int64_t in_features, int64_t out_features, CommPtr group,
+                           ColumnParallelLinearOptions options = {});
+  torch::Tensor forward(const torch::Tensor& x);
+  // Sets this rank's slice from a full weight [out, in] and bias [out]
+  // (undefined: keep zeros), e.g. from an unsplit model or a checkpoint.
+  void load_full(const torch::Tensor& weight, const torch::Tensor& bias = {});
+
+  torch::Tensor weight, bias;
+
+ private:
+  int64_t in_features_, out_features_;
+  CommPtr group_;
+  ColumnParallelLinearOptions options_;
+};
+TORCH_MODULE(ColumnParallelLinear);
+
+struct RowParallelLinearOptions {
+  bool bias = true;
+  // The input is already split along its last dimension (a column-parallel
+  // layer's output); false: x is replicated and each rank takes its slice.
+  bool input_is_parallel = true;
+};
+
+// y = x W^T + b with W's columns split across the group: weight
+// [out, in / size], bias [out] (replicated, added once after the sum).
+// Output [..., out], replicated on the group's ranks.
+class RowParallelLinearImpl : public torch::nn::Module {
+ public:
+  RowParallelLinearImpl(int64_t in_features, int64_t out_features, CommPtr group,
+                        RowParallelLinearOptions options = {});
+  torch::Tensor forward(const torch::Tensor& x);
+  void load_full(const torch::Tensor& weight, const torch::Tensor& bias = {});
+
+  torch::Tensor weight, bias;
+
+ private:
+  int64_t in_features_, out_features_;
+  CommPtr group_;
+  RowParallelLinearOptions options_;
+};
+TORCH_MODULE(RowParallelLinear);
+
+// An embedding whose rows (the vocabulary) are split across the group: rank r
+// holds tokens [r * V / size, (r + 1) * V / size), looks up the tokens it
+// holds (zeros for the others), and the group sums. weight [V / size, dim];
+// initialised N(0, 1) as torch::nn::Embedding. Output replicated.
+class VocabParallelEmbeddingImpl : public torch::nn::Module {
+ public:
+  VocabParallelEmbeddingImpl(int64_t vocab_size, int64_t dim, CommPtr group);
+  torch::Tensor forward(const torch::Tensor& tokens);
+  void load_full(const torch::Tensor& weight);
+  int64_t first_token() const { return first_; }  // of this rank's rows
+
+  torch::Tensor weight;
+
+ private:
+  int64_t vocab_size_, dim_, first_;
+  CommPtr group_;
+};
+TORCH_MODULE(VocabParallelEmbedding);
+
+// Cross-entropy over logits whose vocabulary is split across the group
+// (rank r holds columns [r * V / size, (r + 1) * V / size) of [N, V]) without
+// any rank forming the full logits: the row maxima, the sums of exponentials
+// and the target logits are all-reduced ([N] each). Returns the per-row loss
+// [N] (replicated), log(sum exp(z)) - z[target], equal to
+// torch::nn::functional::cross_entropy with reduction none on the full logits;
+// gradients flow to each rank's logits slice.
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_slice, const torch::Tensor& targets,
+                                           const CommPtr& group);
+
+}  // namespace dtrain::tp
