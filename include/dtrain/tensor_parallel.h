@@ -79,6 +79,8 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
   // Sets this rank's slice from a full weight [out, in] and bias [out]
   // (undefined: keep zeros), e.g. from an unsplit model or a checkpoint.
   void load_full(const torch::Tensor& weight, const torch::Tensor& bias = {});
+  int64_t in_features() const { return in_features_; }    // of the full layer
+  int64_t out_features() const { return out_features_; }
 
   torch::Tensor weight, bias;
 
@@ -105,6 +107,8 @@ class RowParallelLinearImpl : public torch::nn::Module {
                         RowParallelLinearOptions options = {});
   torch::Tensor forward(const torch::Tensor& x);
   void load_full(const torch::Tensor& weight, const torch::Tensor& bias = {});
+  int64_t in_features() const { return in_features_; }    // of the full layer
+  int64_t out_features() const { return out_features_; }
 
   torch::Tensor weight, bias;
 
@@ -125,6 +129,8 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& tokens);
   void load_full(const torch::Tensor& weight);
   int64_t first_token() const { return first_; }  // of this rank's rows
+  int64_t vocab_size() const { return vocab_size_; }
+  int64_t dim() const { return dim_; }
 
   torch::Tensor weight;
 

@@ -1,0 +1,205 @@
+// The tensor-parallel GPT (include/dtrain/tp_gpt.h) on every (dp, tp) mesh
+// the world size allows, with DDP and with FSDP (built deferred) over dp,
+// equals single-process training of the plain GPT on the same global batch:
+// the same initial numbers (bitwise slices), the same loss at every step
+// (1e-5), the same parameters at the end (FSDP equivalence tolerances:
+// 1e-4 under AdamW, 1e-6 under SGD with momentum; see
+// tests/fsdp/test_fsdp_equivalence.cpp for why AdamW needs more).
+#include <dtrain/ddp.h>
+#include <dtrain/fsdp.h>
+#include <dtrain/mesh.h>
+#include <dtrain/models.h>
+#include <dtrain/tp_gpt.h>
+
+#include "../common/multirank_gtest.h"
+
+#include <gtest/gtest.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace {
+
+using dtrain::DeviceMesh;
+using dtrain::testing::world;
+using dtrain::testing::world_ptr;
+namespace models = dtrain::models;
+namespace tp = dtrain::tp;
+
+constexpr int kSteps = 8;
+constexpr int64_t kGlobalBatch = 12;  // splits evenly for dp = 1..4
+
+models::GPTConfig config() {
+  models::GPTConfig c;
+  c.vocab_size = 24;  // splits for tp = 1..4
+  c.seq_len = 8;
+  c.n_layer = 2;
+  c.n_embd = 48;
+  c.n_head = 12;  // 4-wide heads; splits for tp = 1..4
+  return c;
+}
+
+bool ends_with(const std::string& text, const std::string& end) {
+  return text.size() >= end.size() && text.compare(text.size() - end.size(), end.size(), end) == 0;
+}
+
+// The part of the plain GPT's parameter `name` that tp rank r of n holds.
+torch::Tensor slice_of(const std::string& name, const torch::Tensor& full, int r, int n) {
+  auto column = [&](int64_t sections) {
+    return full.dim() == 2 ? tp::column_slice(full, r, n, sections)
+                           : tp::column_slice(full.unsqueeze(1), r, n, sections).squeeze(1);
+  };
+  if (ends_with(name, ".qkv.weight") || ends_with(name, ".qkv.bias")) return column(3);
+  if (ends_with(name, ".mlp_fc.weight") || ends_with(name, ".mlp_fc.bias")) return column(1);
+  if (ends_with(name, "proj.weight")) return tp::row_slice(full, r, n);  // attn_proj, mlp_proj
+  if (name == "wte.weight") return full.narrow(0, r * full.size(0) / n, full.size(0) / n);
+  return full;  // wpe, LayerNorms, the row layers' biases: replicated
+}
+
+std::map<std::string, torch::Tensor> named(const torch::nn::Module& module) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : module.named_parameters()) out[item.key()] = item.value().detach();
+  return out;
+}
+
+struct Batch {
+  torch::Tensor inputs, targets;
+};
+Batch batch(int step) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(700 + step);
+  auto tokens = torch::randint(0, config().vocab_size, {kGlobalBatch, config().seq_len + 1}, generator);
+  return {tokens.narrow(1, 0, config().seq_len), tokens.narrow(1, 1, config().seq_len)};
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(bool sgd, const std::vector<torch::Tensor>& parameters) {
+  if (sgd) return std::make_unique<torch::optim::SGD>(parameters, torch::optim::SGDOptions(0.05).momentum(0.9));
+  return std::make_unique<torch::optim::AdamW>(parameters, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+}
+
+TEST(TPGPT, InitialWeightsAreSlicesOfThePlainGPT) {
+  for (int tp_size = 1; tp_size <= world().size(); ++tp_size) {
+    if (world().size() % tp_size != 0) continue;
+    DeviceMesh mesh(world_ptr(), {{"dp", -1}, {"tp", tp_size}});
+    torch::manual_seed(5);
+    models::GPT plain(config());
+    torch::manual_seed(5);
+    models::TPGPT parallel(config(), mesh.comm("tp"));
+    const auto reference = named(*plain);
+    const auto mine = named(*parallel);
+    EXPECT_EQ(mine.size(), reference.size()) << "the same parameter names as GPT";
+    for (const auto& [name, value] : mine) {
+      auto it = reference.find(name);
+      if (it == reference.end()) {
+        ADD_FAILURE() << "GPT has no parameter " << name;
+        continue;
+      }
+      EXPECT_TRUE(torch::equal(value, slice_of(name, it->second, mesh.rank("tp"), tp_size)))
+          << name << " at tp " << tp_size;
+    }
+  }
+}
+
+enum class Engine { DDP, FSDP };
+
+// Trains the plain GPT on one process and the TP GPT on the mesh; compares.
+void train_and_compare(int tp_size, Engine engine, bool sgd) {
+  DeviceMesh mesh(world_ptr(), {{"dp", -1}, {"tp", tp_size}});
+  const std::string where = mesh.describe() + (engine == Engine::DDP ? " DDP" : " FSDP") + (sgd ? " SGD" : " AdamW");
+  torch::manual_seed(17);
+  models::GPT plain(config());
+  auto reference_optimizer = make_optimizer(sgd, plain->parameters());
+
+  torch::manual_seed(17);
+  models::TPGPT parallel{nullptr};
+  std::unique_ptr<dtrain::DistributedDataParallel<models::TPGPT>> ddp;
+  std::unique_ptr<dtrain::FullyShardedDataParallel<models::TPGPT>> fsdp;
+  if (engine == Engine::DDP) {
+    parallel = models::TPGPT(config(), mesh.comm("tp"));
+    ddp = std::make_unique<dtrain::DistributedDataParallel<models::TPGPT>>(parallel, mesh.comm("dp"));
+  } else {
+    {
+      dtrain::DeferredConstruction deferred;  // each unit materialised straight into its dp shards
+      parallel = models::TPGPT(config(), mesh.comm("tp"));
+    }
+    fsdp = std::make_unique<dtrain::FullyShardedDataParallel<models::TPGPT>>(
+        dtrain::fully_shard(parallel, mesh.comm("dp")));
+  }
+  auto optimizer = make_optimizer(sgd, parallel->parameters());
+  const int64_t part = kGlobalBatch / mesh.size("dp");
+
+  for (int step = 0; step < kSteps; ++step) {
+    const Batch b = batch(step);
+    reference_optimizer->zero_grad();
+    torch::Tensor reference_loss = torch::nn::functional::cross_entropy(
+        plain->forward(b.inputs).reshape({-1, config().vocab_size}), b.targets.reshape({-1}));
+    reference_loss.backward();
+    reference_optimizer->step();
+
+    optimizer->zero_grad();
+    const torch::Tensor inputs = b.inputs.narrow(0, mesh.rank("dp") * part, part);
+    const torch::Tensor targets = b.targets.narrow(0, mesh.rank("dp") * part, part);
+    const torch::Tensor logits = engine == Engine::DDP ? (*ddp)(inputs) : (*fsdp)(inputs);
+    EXPECT_EQ(logits.size(-1), config().vocab_size / tp_size) << "each rank holds its slice of the logits only";
+    torch::Tensor loss = parallel->loss(logits, targets).mean();
+    loss.backward();
+    optimizer->step();
+
+    torch::Tensor global = loss.detach().to(torch::kDouble).reshape({1});
+    mesh.comm("dp")->blocking().all_reduce(global, dtrain::ReduceOp::Avg);
+    EXPECT_NEAR(global.item<double>(), reference_loss.item<double>(), 1e-5) << where << ", step " << step;
+  }
+
+  const std::map<std::string, torch::Tensor> mine =
+      engine == Engine::DDP ? named(*parallel) : fsdp->full_state_dict(/*rank0_only=*/false);
+  const auto reference = named(*plain);
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [name, value] : reference) {
+    auto it = mine.find(name);
+    if (it == mine.end()) {
+      ADD_FAILURE() << where << ": no parameter " << name;
+      continue;
+    }
+    const double difference =
+        (it->second - slice_of(name, value, mesh.rank("tp"), tp_size)).abs().max().item<double>();
+    if (difference > worst) {
+      worst = difference;
+      worst_name = name;
+    }
+  }
+  EXPECT_LE(worst, sgd ? 1e-6 : 1e-4) << where << ": largest difference in " << worst_name;
+  if (world().rank() == 0) std::printf("%s: parameters within %.3g of single-process training\n", where.c_str(), worst);
+}
+
+TEST(TPGPT, EveryMeshAndEngineEqualsSingleProcessTraining) {
+  for (int tp_size = 1; tp_size <= world().size(); ++tp_size) {
+    if (world().size() % tp_size != 0) continue;
+    for (Engine engine : {Engine::DDP, Engine::FSDP})
+      for (bool sgd : {false, true}) train_and_compare(tp_size, engine, sgd);
+  }
+}
+
+TEST(TPGPT, HeadsOrVocabularyThatDoNotSplitAreRejectedWithTheNumbers) {
+  models::GPTConfig c = config();
+  c.n_head = 6;
+  c.n_embd = 24;
+  try {
+    models::check_tensor_parallel(c, 4);
+    ADD_FAILURE() << "tp 4 with 6 heads";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("tp 4 does not divide the 6 attention heads"), std::string::npos)
+        << error.what();
+  }
+  c = config();
+  c.vocab_size = 26;
+  EXPECT_THROW(models::check_tensor_parallel(c, 4), std::invalid_argument);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return dtrain::testing::run_multirank_tests(argc, argv); }
