@@ -123,6 +123,10 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
           },
           "N|MIN:MAX"));
   add_hosts_option(*parallel, f.hosts);
+  parallel->add_option("--tp", c.tp,
+                       "gpt: tensor parallelism, splitting every block across N consecutive ranks (a (dp, tp) mesh "
+                       "with dp = ranks / N; --strategy runs over the dp groups)")
+      ->check(kPositive)->capture_default_str();
   parallel->add_option("--backend", f.backend, "How the started ranks find each other: mpi | c10d")
       ->check(CLI::IsMember({"mpi", "c10d"}))->capture_default_str();
   parallel->add_option("--compress", c.compress, "DDP gradient compression: none | bf16 | powersgd | topk")
@@ -254,8 +258,9 @@ void resolve_defaults(const CLI::App& app, TrainFlags& f) {
 }
 
 int default_nproc(const TrainConfig& c) {
-  if (const StrategyInfo* row = find_strategy(c.strategy); row && !row->multi_rank) return 1;
-  return std::min(4, default_threads_per_rank(1));  // the cores this process may use
+  if (const StrategyInfo* row = find_strategy(c.strategy); row && !row->multi_rank) return c.tp;
+  const int ranks = std::min(4, default_threads_per_rank(1));  // the cores this process may use
+  return ranks % c.tp == 0 ? ranks : c.tp;
 }
 
 // One rank: this process's part of the job.
@@ -337,8 +342,9 @@ int train_main(const std::vector<std::string>& args) {
     const int fixed = default_nproc(config);
     const RankRange range = given(app, "--nproc") ? parse_rank_range(flags.nproc, "--nproc") : RankRange{fixed, fixed};
     const int nproc = range.max;
-    if (const StrategyInfo* row = find_strategy(config.strategy); row && !row->multi_rank && nproc > 1)
-      throw std::invalid_argument("--strategy " + config.strategy + " trains one process; --nproc " +
+    if (const StrategyInfo* row = find_strategy(config.strategy); row && !row->multi_rank && nproc > config.tp)
+      throw std::invalid_argument("--strategy " + config.strategy + " trains one process" +
+                                  (config.tp > 1 ? " per tensor-parallel group" : std::string()) + "; --nproc " +
                                   to_string(range) + " needs a data-parallel strategy such as --strategy ddp");
     // Every check that needs no data, before any rank starts: at both ends of
     // an elastic range.

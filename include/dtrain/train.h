@@ -47,6 +47,10 @@ struct TrainConfig {
 
   // ---- parallelism: see strategy_names(); compress applies to ddp
   std::string strategy = "ddp";
+  // Tensor parallelism (gpt): the ranks form a (dp, tp) mesh, tp consecutive
+  // ranks split each block (dtrain/tp_gpt.h) and --strategy runs over the
+  // dp = world / tp groups; 1 = none.
+  int tp = 1;
   std::string compress = "none";  // none | bf16 | powersgd | topk
   std::string mixed_precision = "none";
   // zero1 / zero2 / fsdp / hsdp: prefetch the next unit's all-gather "on",

@@ -1,4 +1,5 @@
 #include "dtrain/models.h"
+#include "dtrain/sampling.h"
 
 #include <torch/utils.h>
 
@@ -29,10 +30,20 @@ torch::Tensor GPTImpl::generate(torch::Tensor prompt_tokens, int64_t max_new_tok
 
   const bool one_sequence = prompt_tokens.dim() == 1;
   auto tokens = (one_sequence ? prompt_tokens.unsqueeze(0) : prompt_tokens).to(wte_->weight.device());
+  tokens = sample_continuations(tokens, max_new_tokens, config_.seq_len, temperature, top_k, generator,
+                                [&](const torch::Tensor& context) {
+                                  return forward_fn ? forward_fn(context) : forward(context);
+                                });
+  return one_sequence ? tokens.squeeze(0) : tokens;
+}
+
+torch::Tensor sample_continuations(torch::Tensor tokens, int64_t max_new_tokens, int64_t seq_len, double temperature,
+                                   int64_t top_k, std::optional<at::Generator> generator,
+                                   const std::function<torch::Tensor(const torch::Tensor&)>& forward) {
   for (int64_t i = 0; i < max_new_tokens; ++i) {
     const int64_t T = tokens.size(1);
-    auto context = T > config_.seq_len ? tokens.narrow(1, T - config_.seq_len, config_.seq_len) : tokens;
-    auto logits = (forward_fn ? forward_fn(context) : forward(context)).select(1, -1).to(torch::kFloat);  // [B,vocab]
+    auto context = T > seq_len ? tokens.narrow(1, T - seq_len, seq_len) : tokens;
+    auto logits = forward(context).select(1, -1).to(torch::kFloat);  // [B,vocab]
     torch::Tensor next;
     if (temperature <= 0.0) {
       next = logits.argmax(-1, /*keepdim=*/true);
@@ -46,8 +57,7 @@ torch::Tensor GPTImpl::generate(torch::Tensor prompt_tokens, int64_t max_new_tok
     }
     tokens = torch::cat({tokens, next}, 1);
   }
-
-  return one_sequence ? tokens.squeeze(0) : tokens;
+  return tokens;
 }
 
 }  // namespace dtrain::models

@@ -156,9 +156,40 @@ void check_ps_and_straggler_flags(const TrainConfig& c, int world_size) {
     fail("--slow-rank " + std::to_string(c.slow_rank) + " is a server (the last " + std::to_string(c.servers) +
          " ranks): slow down a worker, 0.." + std::to_string(world_size - c.servers - 1));
 }
+// --tp N: a (dp, tp) mesh of GPT ranks (dtrain/tp_gpt.h). What it does not
+// combine with yet is refused here, naming the flag.
+void check_tensor_parallel_flags(const TrainConfig& c, int world_size) {
+  if (c.tp < 1) fail("--tp must be >= 1, got " + std::to_string(c.tp));
+  if (c.tp == 1) return;
+  const std::string tp = "--tp " + std::to_string(c.tp);
+  if (c.model != "gpt") fail(tp + " splits the GPT's blocks: it needs --model gpt (got --model " + c.model + ")");
+  if (world_size % c.tp != 0)
+    fail(tp + " does not divide the " + std::to_string(world_size) + " ranks (--nproc): the ranks form a (dp, tp) "
+         "mesh with dp = ranks / tp");
+  if (c.gpt_heads % c.tp != 0)
+    fail(tp + " does not divide --gpt-heads " + std::to_string(c.gpt_heads) + " (each rank computes whole heads)");
+  if (256 % c.tp != 0)
+    fail(tp + " does not divide the vocabulary of 256 bytes (each rank holds 256 / tp rows of the embedding)");
+  if (!one_of(c.strategy, {"single", "ddp", "zero1", "zero2", "fsdp", "hsdp"}))
+    fail(tp + " combines with --strategy single, ddp, zero1, zero2, fsdp or hsdp (over the dp groups), not " +
+         c.strategy);
+  auto not_yet = [&](bool given, const std::string& flag) {
+    if (given) fail(tp + " does not work with " + flag + " yet (tensor-parallel checkpoints and clipping are to come)");
+  };
+  not_yet(!c.checkpoint_dir.empty(), "--checkpoint-dir");
+  not_yet(c.resume, "--resume");
+  not_yet(!c.init_from.empty(), "--init-from");
+  not_yet(c.grad_clip > 0, "--grad-clip");
+  if (c.compress != "none") fail(tp + " does not work with --compress " + c.compress + " yet");
+  if (c.balance) fail(tp + " does not work with --balance (the tp ranks of a dp group share one batch part)");
+}
+
 }  // namespace
 
 void check_train_config(const TrainConfig& c, int world_size) {
+  check_tensor_parallel_flags(c, world_size);
+  // The ranks that read data and run --strategy: the dp groups of the mesh.
+  const int data_ranks = c.tp > 1 ? world_size / c.tp : world_size;
   if (!one_of(c.model, {"mlp", "cnn", "gpt"})) fail("--model '" + c.model + "' is not one of: mlp, cnn, gpt");
   if (c.model == "mlp") {
     if (c.mlp_hidden.empty()) fail("--mlp-hidden needs at least one width, e.g. 256,256");
@@ -184,16 +215,17 @@ void check_train_config(const TrainConfig& c, int world_size) {
   train::check_strategy({.name = c.strategy, .compress = c.compress, .mixed_precision = c.mixed_precision,
                          .fsdp_prefetch = c.fsdp_prefetch,
                          .fsdp_compress = c.fsdp_compress},
-                        world_size);
+                        data_ranks);
   check_features(c, strategy_info(c.strategy));
   check_ps_and_straggler_flags(c, world_size);
 
   if (c.steps < 0 || c.epochs < 0 || (c.steps > 0) == (c.epochs > 0))
     fail("give exactly one of --steps N and --epochs N (N >= 1)");
   check_positive("--batch-size", c.batch_size);
-  if (c.batch_size < world_size)
+  if (c.batch_size < data_ranks)
     fail("--batch-size " + std::to_string(c.batch_size) + " is the global batch, split over " +
-         std::to_string(world_size) + " ranks: it must be at least the number of ranks");
+         std::to_string(data_ranks) + (c.tp > 1 ? " data-parallel groups" : " ranks") +
+         ": it must be at least the number of " + (c.tp > 1 ? "groups" : "ranks"));
 
   if (!one_of(c.optimizer, {"sgd", "adamw"})) fail("--optimizer '" + c.optimizer + "' is not one of: sgd, adamw");
   if (!(c.lr > 0.0)) fail("--lr must be positive, got " + std::to_string(c.lr));
@@ -208,7 +240,7 @@ void check_train_config(const TrainConfig& c, int world_size) {
 
   if (c.eval_every < 0) fail("--eval-every must be >= 0 (0: only at the end), got " + std::to_string(c.eval_every));
   check_positive("--log-every", c.log_every);
-  if (c.eval_windows < world_size)
+  if (c.eval_windows < data_ranks)
     fail("eval_windows " + std::to_string(c.eval_windows) + " must be at least the number of ranks");
   check_output_file("--metrics", c.metrics_path);
   check_output_file("--trace", c.trace_path);

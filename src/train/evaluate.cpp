@@ -33,7 +33,7 @@ Evaluation evaluate(const Forward& forward, Model& model, const data::Dataset& v
     std::iota(indices.begin(), indices.end(), in_chunk.offset + mine.offset);
     const data::Batch batch = validation.get_batch(indices);
     const torch::Tensor logits = forward(batch.inputs);
-    loss_sum += per_sample_loss(logits, batch.targets).sum().item<double>();
+    loss_sum += model.loss(logits, batch.targets).sum().item<double>();
     if (model.classification) correct += logits.argmax(1).eq(batch.targets).sum().item<double>();
   }
   model.module->train(was_training);

@@ -58,6 +58,7 @@ std::string step_advice(const TrainConfig& config) {
 std::optional<std::string> memory_summary(const TrainConfig& config, int world_size, const TrainResult& result) {
   if (strategy_info(config.strategy).engine != StrategyEngine::FSDP || result.peak_memory_bytes_per_rank.empty())
     return std::nullopt;
+  if (config.tp > 1) return std::nullopt;  // dtrain plan does not describe (dp, tp) meshes yet
   try {
     const plan::Plan planned = plan_for(config, config.strategy, world_size);
     const int64_t ddp = plan_for(config, "ddp", world_size).overall_peak_bytes();

@@ -1,6 +1,7 @@
 #include "train/model.h"
 
 #include <dtrain/strategy_table.h>
+#include <dtrain/tp_gpt.h>
 
 #include <torch/nn/functional/loss.h>
 
@@ -11,7 +12,7 @@ namespace dtrain::train {
 
 bool builds_deferred(const std::string& strategy) { return strategy_info(strategy).deferred_construction; }
 
-Model build_model(const TrainConfig& config, bool deferred) {
+Model build_model(const TrainConfig& config, bool deferred, CommPtr tp_group) {
   std::optional<DeferredConstruction> deferring;
   if (deferred) deferring.emplace();
   Model model;
@@ -23,14 +24,29 @@ Model build_model(const TrainConfig& config, bool deferred) {
     models::CNN cnn;
     model.module = cnn.ptr();
     model.forward = [cnn](const torch::Tensor& x) mutable { return cnn->forward(x); };
+  } else if (config.model == "gpt" && config.tp > 1) {
+    if (!tp_group || tp_group->size() != config.tp)
+      throw std::invalid_argument("build_model: --tp " + std::to_string(config.tp) + " needs its tensor-parallel group");
+    models::TPGPT gpt(gpt_config(config), tp_group);
+    model.module = gpt.ptr();
+    model.forward = [gpt](const torch::Tensor& x) mutable { return gpt->forward(x); };
+    model.loss = [gpt](const torch::Tensor& logits, const torch::Tensor& targets) {
+      return gpt->loss(logits, targets).view({targets.size(0), targets.size(1)}).mean(1);
+    };
+    model.full_logits = [tp_group](const torch::Tensor& logits) { return tp::gather_last_dim(logits, tp_group); };
+    model.classification = false;
+    model.parameters = models::GPTImpl::parameter_count(gpt_config(config));
+    return model;
   } else if (config.model == "gpt") {
-    model.gpt = models::GPT(gpt_config(config));
-    model.module = model.gpt.ptr();
-    model.forward = [gpt = model.gpt](const torch::Tensor& x) mutable { return gpt->forward(x); };
+    models::GPT gpt(gpt_config(config));
+    model.module = gpt.ptr();
+    model.forward = [gpt](const torch::Tensor& x) mutable { return gpt->forward(x); };
     model.classification = false;
   } else {
     throw std::invalid_argument("--model '" + config.model + "' is not one of mlp, cnn, gpt");
   }
+  model.loss = per_sample_loss;
+  model.full_logits = [](const torch::Tensor& logits) { return logits; };
   model.parameters = models::parameter_count(*model.module);
   return model;
 }

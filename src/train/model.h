@@ -18,16 +18,22 @@ namespace dtrain::train {
 struct Model {
   std::shared_ptr<torch::nn::Module> module;
   std::function<torch::Tensor(const torch::Tensor&)> forward;
-  models::GPT gpt{nullptr};  // set for gpt, for generation
-  int64_t parameters = 0;
-  bool classification = true;  // mlp, cnn: logits [B,10]; gpt: logits [B,T,256]
+  // Per-sample loss, float [B], of forward's output against the targets
+  // (per_sample_loss below; under --tp the vocabulary-parallel one).
+  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
+  // gpt: forward's logits -> logits over the whole vocabulary (under --tp
+  // gathered from the group: only for sampling text); identity otherwise.
+  std::function<torch::Tensor(const torch::Tensor&)> full_logits;
+  int64_t parameters = 0;      // of the whole model (all tensor-parallel slices)
+  bool classification = true;  // mlp, cnn: logits [B,10]; gpt: logits [B,T,256] (under --tp: [B,T,256/tp])
 };
 
 // Builds config.model from LibTorch's default generator: seed it first
 // (torch::manual_seed) so that every rank builds the same weights. With
 // `deferred`, the parameters get no storage (dtrain/deferred_init.h): the
-// sharded strategies materialise each unit straight into its shards.
-Model build_model(const TrainConfig& config, bool deferred = false);
+// sharded strategies materialise each unit straight into its shards. With
+// config.tp > 1, the GPT is split across `tp_group` (dtrain/tp_gpt.h).
+Model build_model(const TrainConfig& config, bool deferred = false, CommPtr tp_group = nullptr);
 
 // Whether `strategy` (zero1, zero2, fsdp, hsdp) shards the model, and so
 // builds it deferred.

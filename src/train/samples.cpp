@@ -1,17 +1,30 @@
 #include "train/samples.h"
 
+#include "dtrain/sampling.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/types.h>
+#include <torch/utils.h>
 
 namespace dtrain::train {
 
-std::vector<std::string> generate_samples(models::GPT& gpt, const SampleOptions& options,
+std::vector<std::string> generate_samples(torch::nn::Module& model, int64_t seq_len, const SampleOptions& options,
                                           const std::function<torch::Tensor(const torch::Tensor&)>& forward) {
   std::vector<int64_t> prompt(options.prompt.begin(), options.prompt.end());
   for (auto& byte : prompt) byte &= 0xff;  // chars may be signed
   auto prompts = torch::tensor(prompt, torch::kLong).unsqueeze(0).repeat({options.count, 1});
   auto generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
-  auto tokens = gpt->generate(prompts, options.bytes, options.temperature, /*top_k=*/0, generator, forward).contiguous();
+  // Dropout off while sampling; training's mode comes back even if forward throws.
+  struct RestoreMode {
+    torch::nn::Module& module;
+    bool was_training;
+    ~RestoreMode() { module.train(was_training); }
+  } restore_mode{model, model.is_training()};
+  model.eval();
+  torch::NoGradGuard no_grad;
+  auto tokens = models::sample_continuations(prompts, options.bytes, seq_len, options.temperature, /*top_k=*/0,
+                                             generator, forward)
+                    .contiguous();
   std::vector<std::string> samples;
   for (int64_t i = 0; i < options.count; ++i) {
     auto row = tokens[i].to(torch::kUInt8).contiguous();

@@ -22,8 +22,10 @@ struct SampleOptions {
 // generator seeded with `seed`: the same on every rank, so all ranks can run
 // it in step (engines that communicate in forward need that).
 // `forward` runs the model (through the training strategy, which may gather
-// sharded weights); every rank must call this, with the same options.
-std::vector<std::string> generate_samples(models::GPT& gpt, const SampleOptions& options,
+// sharded weights) on at most `seq_len` tokens and returns logits whose last
+// position covers the whole vocabulary; `model` is put in eval mode
+// meanwhile. Every rank must call this, with the same options.
+std::vector<std::string> generate_samples(torch::nn::Module& model, int64_t seq_len, const SampleOptions& options,
                                           const std::function<torch::Tensor(const torch::Tensor&)>& forward);
 
 // The text with bytes a terminal cannot show (control bytes other than

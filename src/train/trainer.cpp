@@ -15,6 +15,7 @@
 #include "dtrain/train.h"
 
 #include "dtrain/data.h"
+#include "dtrain/mesh.h"
 #include "dtrain/memory.h"
 #include "dtrain/trace.h"
 #include "train/background_checkpoints.h"
@@ -73,7 +74,7 @@ class DataParallelRun final : public train::StepSource {
   void save_checkpoint(int64_t step) override;
   train::Evaluation evaluate() override {
     return train::evaluate([&](const torch::Tensor& inputs) { return strategy_->forward(inputs); }, model_,
-                           *data_.validation, eval_count_, eval_chunk_, *world_);
+                           *data_.validation, eval_count_, eval_chunk_, *data_world_);
   }
 
  private:
@@ -88,6 +89,13 @@ class DataParallelRun final : public train::StepSource {
   const TrainConfig& config_;
   CommPtr world_;
   const int world_size_, rank_;
+  // --tp: the (dp, tp) mesh. The ranks of one tp group share a batch part and
+  // compute one replicated loss; data, strategy and the loss's divisor are
+  // the dp group's (without --tp: the world).
+  std::optional<DeviceMesh> mesh_;
+  CommPtr data_world_;
+  const int dp_size_, dp_rank_;
+  const bool tp_leader_;  // tp rank 0: counts its group's loss once
   const bool printing_;
   train::TrainingData data_;
   std::optional<data::DistributedSampler> sampler_;  // rebuilt with --balance's local batch sizes
@@ -121,6 +129,13 @@ DataParallelRun::DataParallelRun(const TrainConfig& config, CommPtr world)
       world_(std::move(world)),
       world_size_(world_->size()),
       rank_(world_->rank()),
+      mesh_(config.tp > 1 ? std::optional<DeviceMesh>(std::in_place, world_,
+                                                       std::vector<std::pair<std::string, int>>{{"dp", -1}, {"tp", config.tp}})
+                          : std::nullopt),
+      data_world_(mesh_ ? mesh_->comm("dp") : world_),
+      dp_size_(data_world_->size()),
+      dp_rank_(data_world_->rank()),
+      tp_leader_(!mesh_ || mesh_->rank("tp") == 0),
       printing_(config.print && rank_ == 0),
       data_((memory::install_tracking_allocator(), train::load_training_data(config))),
       stragglers_(config, rank_, rank_, world_size_) {  // --slow-rank, --balance
@@ -144,7 +159,7 @@ DataParallelRun::DataParallelRun(const TrainConfig& config, CommPtr world)
 }
 
 void DataParallelRun::make_sampler(std::vector<int64_t> local_batch_sizes) {
-  sampler_.emplace(train::sampler_options(config_, data_, world_size_, rank_, std::move(local_batch_sizes)));
+  sampler_.emplace(train::sampler_options(config_, data_, dp_size_, dp_rank_, std::move(local_batch_sizes)));
 }
 
 // Construction: the sharded strategies build the model deferred and
@@ -154,17 +169,19 @@ void DataParallelRun::build() {
   const bool deferred = train::builds_deferred(config_.strategy);
   memory::set_phase("construction of the model", train::construction_advice(config_, world_size_));
   torch::manual_seed(config_.seed);  // the same weights on every rank
-  model_ = train::build_model(config_, deferred);
+  model_ = train::build_model(config_, deferred, mesh_ ? mesh_->comm("tp") : nullptr);
   strategy_ = train::wrap_model(
       model_, {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision,
                .fsdp_prefetch = config_.fsdp_prefetch, .fsdp_compress = config_.fsdp_compress},
-      world_);
+      data_world_);
   if (!config_.init_from.empty()) {
     memory::set_phase("load of --init-from " + config_.init_from);
     strategy_->load_initial_weights(config_.init_from);
   }
-  // Dropout then draws different masks on each rank, as on different samples.
-  torch::manual_seed(config_.seed + 1 + static_cast<uint64_t>(rank_));
+  // Dropout then draws different masks on each data-parallel rank, as on
+  // different samples; the ranks of a tp group alike, since they compute
+  // the same replicated activations.
+  torch::manual_seed(config_.seed + 1 + static_cast<uint64_t>(dp_rank_));
   optimizer_ = train::make_optimizer(
       strategy_->optimizer_parameters(),
       {.name = config_.optimizer, .lr = config_.lr, .momentum = config_.momentum, .weight_decay = config_.weight_decay});
@@ -177,8 +194,8 @@ void DataParallelRun::print_banner() const {
             << " parameters" << (c.init_from.empty() ? "" : ", initial weights from " + c.init_from) << "\n"
             << "  data      " << data_.description << "\n"
             << "  strategy  " << c.strategy << (c.compress != "none" ? " (" + c.compress + " compression)" : "")
-            << " on " << world_size_ << (world_size_ == 1 ? " rank" : " ranks") << " (" << world_->backend_name()
-            << "), " << at::get_num_threads() << (at::get_num_threads() == 1 ? " thread" : " threads")
+            << " on " << world_size_ << (world_size_ == 1 ? " rank" : " ranks")
+            << (mesh_ ? ", mesh " + mesh_->describe() : std::string()) << " (" << world_->backend_name() << "), " << at::get_num_threads() << (at::get_num_threads() == 1 ? " thread" : " threads")
             << " per rank\n"
             << "  schedule  " << total_ << " steps of " << c.batch_size << " samples";
   if (c.epochs > 0) std::cout << " (" << c.epochs << (c.epochs == 1 ? " epoch" : " epochs") << ")";
@@ -215,8 +232,9 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   outcome.lr = train::learning_rate(schedule_, step);
   train::set_learning_rate(*optimizer_, outcome.lr);
   const std::vector<int64_t> local_indices = sampler_->local_batch(step);
-  train::log_samples(world_size_, rank_, step, sampler_->options().dataset_size,  // DTRAIN_TEST_SAMPLE_LOG
-                     sampler_->options().global_batch_size, local_indices);
+  if (tp_leader_)  // DTRAIN_TEST_SAMPLE_LOG: one record per batch part
+    train::log_samples(dp_size_, dp_rank_, step, sampler_->options().dataset_size,
+                       sampler_->options().global_batch_size, local_indices);
   const data::Batch part = data_.train->get_batch(local_indices);
   stragglers_.begin();
   optimizer_->zero_grad();
@@ -224,14 +242,14 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   {
     memory::set_phase("forward", step_advice_);
     trace::Span span("forward", trace::category::compute);
-    local_sum = train::per_sample_loss(strategy_->forward(part.inputs), part.targets).sum();
+    local_sum = model_.loss(strategy_->forward(part.inputs), part.targets).sum();
   }
   if (step + 1 == config_.debug_nan_at_step && rank_ == 0) local_sum = local_sum * std::nan("");
   {
     memory::set_phase("backward");
     trace::Span span("backward", trace::category::compute);
     // See Note [global batch loss].
-    (local_sum * (static_cast<double>(world_size_) / static_cast<double>(config_.batch_size))).backward();
+    (local_sum * (static_cast<double>(dp_size_) / static_cast<double>(config_.batch_size))).backward();
   }
   stragglers_.end(static_cast<int64_t>(local_indices.size()), strategy_->last_backward_wait_s());
   outcome.grad_norm = config_.grad_clip > 0 ? strategy_->clip_grad_norm(config_.grad_clip) : 0.0;
@@ -251,7 +269,7 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
 
   auto stats = torch::zeros({2 + world_size_}, torch::kFloat64);
   auto values = stats.accessor<double, 1>();
-  values[0] = local_sum.item<double>();
+  values[0] = tp_leader_ ? local_sum.item<double>() : 0.0;  // the tp group's replicated loss, once
   values[1] = static_cast<double>(train::StopSignals::received());
   values[2 + rank_] = static_cast<double>(training_bytes());
   world_->blocking().all_reduce(stats, ReduceOp::Sum);
@@ -317,11 +335,11 @@ void DataParallelRun::finish(double train_seconds) {
     final_eval_ = evaluate();
     metrics_.write(train::eval_record(total_, *final_eval_));
   }
-  if (model_.gpt && !stopped) {
+  if (!model_.classification && !stopped) {
     result_.samples = train::generate_samples(
-        model_.gpt,
+        *model_.module, config_.seq_len,
         {.count = config_.samples, .bytes = config_.sample_bytes, .prompt = config_.sample_prompt, .seed = config_.seed},
-        [&](const torch::Tensor& tokens) { return strategy_->forward(tokens); });
+        [&](const torch::Tensor& tokens) { return model_.full_logits(strategy_->forward(tokens)); });
   }
   auto rss = torch::zeros({world_size_}, torch::kFloat64);
   rss[rank_] = static_cast<double>(memory::peak_rss_bytes());
@@ -352,6 +370,7 @@ void DataParallelRun::finish(double train_seconds) {
   nlohmann::ordered_json final_line = train::final_record(config_, result_, model_.parameters);
   final_line["local_batch_sizes"] = stragglers_.local_batch_sizes();  // --balance; [] = the even split
   final_line["train_time_s"] = train_seconds;
+  final_line["mesh"] = {{"dp", dp_size_}, {"tp", config_.tp}};
   if (background_) final_line["checkpoint_staging_bytes"] = background_->staging_bytes();  // Note [staging buffer]
   metrics_.write(final_line);
 }
