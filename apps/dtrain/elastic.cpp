@@ -9,8 +9,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cctype>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <future>
 #include <optional>
 #include <sstream>
@@ -23,7 +27,9 @@ namespace {
 
 // A whole positive number, or nothing.
 bool parse_count(const std::string& text, int& count) {
-  if (text.empty() || text.size() > 9 || !std::all_of(text.begin(), text.end(), ::isdigit)) return false;
+  if (text.empty() || text.size() > 9 ||
+      !std::all_of(text.begin(), text.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }))
+    return false;
   count = std::stoi(text);
   return count >= 1;
 }
@@ -40,6 +46,44 @@ double seconds_from_environment(const char* name, double fallback) {
 }
 
 double probe_timeout_seconds() { return seconds_from_environment("DTRAIN_HOST_PROBE_TIMEOUT", 15.0); }
+double probe_interval_seconds() { return seconds_from_environment("DTRAIN_HOST_PROBE_INTERVAL", 60.0); }
+
+// Every descendant of `root` (from /proc), deepest last.
+std::vector<pid_t> descendants(pid_t root) {
+  std::vector<std::pair<pid_t, pid_t>> parent_of;  // (pid, ppid)
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    const auto close = line.rfind(')');  // the command may contain spaces and parentheses
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 1));
+    char state = 0;
+    long ppid = 0;
+    if (rest >> state >> ppid) parent_of.emplace_back(static_cast<pid_t>(std::stol(name)), static_cast<pid_t>(ppid));
+  }
+  std::vector<pid_t> found{root};
+  for (size_t i = 0; i < found.size(); ++i)
+    for (const auto& [pid, ppid] : parent_of)
+      if (ppid == found[i]) found.push_back(pid);
+  found.erase(found.begin());
+  return found;
+}
+
+// A probe that did not answer, and everything it started: mpirun puts its
+// launch agent (ssh) in a process group of its own, so killing mpirun's
+// group alone would leave the agent waiting for the unreachable host.
+void kill_probe(pid_t pid) {
+  const std::vector<pid_t> started = descendants(pid);
+  kill(-pid, SIGKILL);
+  kill(pid, SIGKILL);
+  for (pid_t child : started) kill(child, SIGKILL);
+  while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+  }
+}
 
 // One probe under way: `mpirun --host HOST:1 -np 1 true`, its output in a file.
 struct Probe {
@@ -66,7 +110,7 @@ Probe start_probe(const std::string& host) {
     throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
   }
   if (pid == 0) {
-    setpgid(0, 0);  // so that a probe that does not answer goes with its launch agent
+    setpgid(0, 0);  // its own group, so that signals for the launcher's job do not reach it
     const int null = open("/dev/null", O_RDONLY);
     dup2(null, STDIN_FILENO);  // mpirun would forward the launcher's stdin to the probe
     dup2(fd, STDOUT_FILENO);
@@ -74,6 +118,7 @@ Probe start_probe(const std::string& host) {
     execvp(argv[0], argv.data());
     _exit(127);
   }
+  setpgid(pid, pid);  // also here: kill(-pid) must find the group even if the child has not run yet
   close(fd);
   return {pid, path, std::nullopt};
 }
@@ -96,7 +141,15 @@ std::vector<std::string> probe_hosts(const std::vector<HostSlots>& hosts) {
   using clock = std::chrono::steady_clock;
   const double timeout = probe_timeout_seconds();
   std::vector<Probe> probes;
-  for (const auto& host : hosts) probes.push_back(start_probe(host.host));
+  try {
+    for (const auto& host : hosts) probes.push_back(start_probe(host.host));
+  } catch (...) {
+    for (auto& probe : probes) {
+      kill_probe(probe.pid);
+      unlink(probe.output.c_str());
+    }
+    throw;
+  }
   const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout));
   for (;;) {
     bool running = false;
@@ -115,8 +168,7 @@ std::vector<std::string> probe_hosts(const std::vector<HostSlots>& hosts) {
   for (auto& probe : probes) {
     std::ostringstream reason;
     if (!probe.status) {
-      kill(-probe.pid, SIGKILL);
-      waitpid(probe.pid, nullptr, 0);
+      kill_probe(probe.pid);
       reason << "no answer within " << timeout << " s";
     } else if (!WIFEXITED(*probe.status) || WEXITSTATUS(*probe.status) != 0) {
       reason << "mpirun could not start a process there";
@@ -150,10 +202,15 @@ std::vector<HostSlots> parse_hosts(const std::string& hosts) {
   for (std::string entry; std::getline(list, entry, ',');) {
     const auto colon = entry.find(':');
     HostSlots host{entry.substr(0, colon), 0};
-    if (host.host.empty() || (colon != std::string::npos && !parse_count(entry.substr(colon + 1), host.slots)))
-      throw std::invalid_argument("--hosts: '" + entry + "' needs HOST or HOST:SLOTS with SLOTS >= 1");
+    if (host.host.empty() || host.host.find_first_of(" \t") != std::string::npos ||
+        (colon != std::string::npos && !parse_count(entry.substr(colon + 1), host.slots)))
+      throw std::invalid_argument("--hosts: '" + entry + "' needs HOST or HOST:SLOTS with SLOTS >= 1 (no spaces)");
+    for (const auto& earlier : parsed)
+      if (earlier.host == host.host) throw std::invalid_argument("--hosts: " + host.host + " is listed twice");
     parsed.push_back(host);
   }
+  if (!hosts.empty() && hosts.back() == ',')
+    throw std::invalid_argument("--hosts: '" + hosts + "' ends with a comma (HOST:SLOTS,HOST:SLOTS)");
   if (parsed.empty()) throw std::invalid_argument("--hosts: no host in '" + hosts + "' (HOST:SLOTS,...)");
   return parsed;
 }
@@ -188,7 +245,8 @@ Placement place_elastic_job(const std::vector<HostSlots>& hosts, const RankRange
             << range.min << ". Lost: ";
     for (size_t i = 0; i < placement.lost.size(); ++i)
       message << (i ? "; " : "") << placement.lost[i].host << " (" << placement.why[i] << ")";
-    message << ". Bring a host back, or lower MIN, and run the same command with --resume";
+    message << ". Bring a host back, or lower MIN, and run the job again (dtrain train: the same command with "
+               "--resume)";
     throw std::runtime_error(message.str());
   }
   return placement;
@@ -210,7 +268,7 @@ GrowWatch::GrowWatch(const Placement& placement, const RankRange& range)
       running_(placement.nproc),
       range_(range),
       interval_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-          std::chrono::duration<double>(seconds_from_environment("DTRAIN_HOST_PROBE_INTERVAL", 60.0)))),
+          std::chrono::duration<double>(probe_interval_seconds()))),
       next_probe_(std::chrono::steady_clock::now() + interval_) {}
 
 GrowWatch::~GrowWatch() {
@@ -225,8 +283,15 @@ std::optional<std::string> GrowWatch::poll() {
     return std::nullopt;
   }
   if (probe_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return std::nullopt;
-  const std::vector<std::string> why = probe_.get();
   next_probe_ = now + interval_;
+  std::vector<std::string> why;
+  try {
+    why = probe_.get();
+  } catch (const std::exception& error) {  // (fork or a temporary file failed): try again next time
+    std::cerr << "dtrain launch: probing the lost hosts failed (" << error.what() << "); trying again in "
+              << std::chrono::duration<double>(interval_).count() << " s" << std::endl;
+    return std::nullopt;
+  }
   std::vector<HostSlots> back;
   int slots = running_;
   for (size_t i = 0; i < lost_.size(); ++i)
@@ -237,9 +302,14 @@ std::optional<std::string> GrowWatch::poll() {
   if (back.empty()) return std::nullopt;
   lost_.clear();  // one resize per attempt; the next attempt probes every host again
   std::ostringstream message;
-  message << to_string(back) << (back.size() == 1 ? " answers" : " answer") << " again: stopping the job at the end "
-          << "of its step (a checkpoint, no step lost) to restart it on " << std::min(slots, range_.max) << " ranks";
+  message << to_string(back) << (back.size() == 1 ? " answers" : " answer") << " again: asking the job to stop "
+          << "after its step with a checkpoint (SIGUSR1) to restart it on " << std::min(slots, range_.max) << " ranks";
   return message.str();
+}
+
+void check_probe_settings() {
+  probe_timeout_seconds();
+  probe_interval_seconds();
 }
 
 }  // namespace dtrain::cli

@@ -67,14 +67,21 @@ struct Placement {
 Placement place_elastic_job(const std::vector<HostSlots>& hosts, const RankRange& range);
 
 // Probes every host at once (see above); why[i] is "" for a host that
-// answered, else what its probe saw.
+// answered, else what its probe saw. A probe that does not answer is killed
+// with everything it started (its ssh too).
 std::vector<std::string> probe_hosts(const std::vector<HostSlots>& hosts);
+
+// Throws std::invalid_argument for a DTRAIN_HOST_PROBE_TIMEOUT or
+// DTRAIN_HOST_PROBE_INTERVAL that is not a number of seconds > 0.
+void check_probe_settings();
 
 // Growing back while an attempt runs short of MAX ranks: every
 // DTRAIN_HOST_PROBE_INTERVAL seconds (default 60) the lost hosts are probed
 // in the background; once one answers, poll() says so (once), and the
-// launcher stops the job with SIGTERM, on which dtrain train saves a
-// checkpoint at the end of its step, and restarts it on the larger world.
+// launcher stops the job with SIGUSR1, on which dtrain train saves a
+// checkpoint at the end of its step and exits, and restarts it on the larger
+// world (apps/dtrain/restarts.cpp: only if that checkpoint is of the last
+// step done; else the stop counts as a failure).
 class GrowWatch {
  public:
   GrowWatch(const Placement& placement, const RankRange& range);

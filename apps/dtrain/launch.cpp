@@ -34,12 +34,16 @@ volatile sig_atomic_t g_forward_signal = 0;
 
 void remember_signal(int signal_number) { g_forward_signal = signal_number; }
 
-void install_forwarding_handlers() {
+// SIGINT and SIGTERM (and for a rank's supervisor SIGUSR1, the elastic
+// launcher's stop to resize, which mpirun passes on) are forwarded to the
+// children by supervise().
+void install_forwarding_handlers(bool forward_usr1 = false) {
   struct sigaction action {};
   action.sa_handler = remember_signal;
   sigemptyset(&action.sa_mask);
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
+  if (forward_usr1) sigaction(SIGUSR1, &action, nullptr);
 }
 
 // A port the kernel says is free now; the rank-0 TCPStore binds it moments later.
@@ -91,6 +95,7 @@ pid_t spawn(std::vector<std::string> args, const std::vector<std::pair<std::stri
   setpgid(0, 0);
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
+  signal(SIGUSR1, SIG_DFL);
   for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
   auto argv = to_argv(args);
   execvp(argv[0], argv.data());
@@ -120,9 +125,11 @@ using ResizeCheck = std::function<std::optional<std::string>()>;
 
 // Waits for every child. After the first failure the others get SIGTERM, and
 // SIGKILL once the grace period is over, so a job never outlives a dead rank.
-// When `resize` asks for a stop, every child gets SIGTERM (dtrain train then
-// saves a checkpoint at the end of its step), and SIGKILL only after
-// DTRAIN_TIMEOUT, time enough for that save.
+// When `resize` asks for a stop, every child gets SIGUSR1 (dtrain train then
+// saves a checkpoint at the end of its step and exits; mpirun forwards it to
+// the ranks as it is, where a SIGTERM would be followed by mpirun's own
+// SIGKILL a second later), and SIGKILL only after DTRAIN_TIMEOUT, time enough
+// for that save; a forwarded SIGUSR1 likewise.
 JobEnd supervise(std::vector<Child>& children, int grace_seconds, const ResizeCheck& resize = {}) {
   using clock = std::chrono::steady_clock;
   std::optional<int> first_failure;
@@ -137,21 +144,25 @@ JobEnd supervise(std::vector<Child>& children, int grace_seconds, const ResizeCh
   };
   size_t finished = 0;
   while (finished < children.size()) {
+    const auto resize_deadline = [&] {
+      return clock::now() +
+             std::chrono::seconds(static_cast<int64_t>(std::max<double>(grace_seconds, rank_timeout_seconds())));
+    };
     if (g_forward_signal != 0) {
       const int sig = g_forward_signal;
       g_forward_signal = 0;
       signal_running(sig);
       stop_requested = true;
-      if (!kill_deadline) kill_deadline = clock::now() + std::chrono::seconds(grace_seconds);
+      const auto deadline = sig == SIGUSR1 ? resize_deadline() : clock::now() + std::chrono::seconds(grace_seconds);
+      kill_deadline = kill_deadline ? std::min(*kill_deadline, deadline) : deadline;
     }
     if (kill_deadline && clock::now() > *kill_deadline) signal_running(SIGKILL);
     if (resize && !stop_requested && !resize_requested && !first_failure) {
       if (const std::optional<std::string> why = resize()) {
         std::cerr << "dtrain launch: " << *why << std::endl;
-        signal_running(SIGTERM);
+        signal_running(SIGUSR1);
         resize_requested = true;
-        kill_deadline = clock::now() + std::chrono::seconds(static_cast<int64_t>(
-                                           std::max<double>(grace_seconds, rank_timeout_seconds())));
+        kill_deadline = resize_deadline();
       }
     }
 
@@ -297,7 +308,7 @@ int supervise_rank(const std::vector<std::string>& command) {
   char host[256] = "?";
   gethostname(host, sizeof(host) - 1);
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  install_forwarding_handlers();
+  install_forwarding_handlers(/*forward_usr1=*/true);
   std::vector<Child> children{
       {std::string("rank ") + (rank ? rank : "?") + " on " + host, spawn(command, {}), std::nullopt}};
   const JobEnd end = supervise(children, /*grace_seconds=*/10);
@@ -342,6 +353,7 @@ int launch(const LaunchOptions& options) {
   if (range.elastic() && hosts.empty())
     throw std::invalid_argument("--nproc " + to_string(range) + " resizes a job when hosts are lost or come back: give "
                                 "--hosts HOST:SLOTS,... (ranks on one machine do not come and go; use -n N)");
+  if (range.elastic()) check_probe_settings();
   for (const auto& host : hosts)
     if (range.elastic() && host.slots < 1)
       throw std::invalid_argument("--hosts: with --nproc " + to_string(range) + " every host needs its slot count "
@@ -361,6 +373,8 @@ int launch(const LaunchOptions& options) {
         placed.hosts = placement.hosts;
         std::cerr << "dtrain launch: starting " << describe(placement) << std::endl;
         grow.emplace(placement, range);
+        if (const int sig = g_forward_signal; sig != 0)  // Ctrl-C while the hosts were probed
+          return {.code = 128 + sig, .failure = "", .stopped = true};
       } catch (const std::runtime_error& error) {
         std::cerr << "dtrain launch: cannot start the job: " << error.what() << std::endl;
         return {.code = 1, .failure = error.what(), .final = true};

@@ -66,18 +66,22 @@ int run_with_restarts(const RestartOptions& options, const std::function<JobEnd(
                                 {"DTRAIN_PROGRESS_FILE", progress.string()},
                                 {"DTRAIN_FAILURE_FILE", failures.string()}});
     if (end.code == 0 || end.stopped || end.final) return end.code;
-    const std::string who = who_failed(failures, end);
+    std::string who = who_failed(failures, end);
     const std::optional<int64_t> reached = steps_done(progress);
     const std::string where = reached ? " after step " + std::to_string(*reached) : " before its first step";
-    if (end.resized) {  // stopped by the launcher to grow (elastic.h): it saved a checkpoint as it stopped
+    if (end.resized) {
+      // Stopped by the launcher to grow (elastic.h). A grow only if the job
+      // then saved the step it had reached; anything else (a rank that
+      // failed meanwhile, a save that did not happen) is a failure and goes
+      // the failure's way: counted, and subject to the no-progress rule.
       const int64_t checkpoint = newest_checkpoint(dir);
-      const int64_t lost = reached ? std::max<int64_t>(0, *reached - checkpoint) : 0;
-      ++restarts;
-      steps_lost += lost;
-      std::cerr << "dtrain launch: restart to grow (not counted against --max-restarts): the job stopped" << where
-                << "; continuing from " << checkpoint_name(dir, checkpoint) << ", " << lost
-                << (lost == 1 ? " step" : " steps") << " lost" << std::endl;
-      continue;
+      if (reached && checkpoint >= *reached) {
+        ++restarts;
+        std::cerr << "dtrain launch: restart to grow (not counted against --max-restarts): the job stopped" << where
+                  << " with " << checkpoint_name(dir, checkpoint) << "; continuing from it, 0 steps lost" << std::endl;
+        continue;
+      }
+      who = "the job, asked to stop to grow, ended without a checkpoint of its last step (" + who + ")";
     }
     if (end.code == 2) {
       std::cerr << "dtrain launch: not restarting: " << who << where

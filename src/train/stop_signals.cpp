@@ -9,6 +9,7 @@ namespace {
 volatile std::sig_atomic_t g_received = 0;
 struct sigaction g_previous_int {};
 struct sigaction g_previous_term {};
+struct sigaction g_previous_usr1 {};
 
 void on_signal(int signal_number) {
   if (g_received != 0) {
@@ -32,11 +33,13 @@ StopSignals::StopSignals() {
   action.sa_flags = SA_RESTART;
   sigaction(SIGINT, &action, &g_previous_int);
   sigaction(SIGTERM, &action, &g_previous_term);
+  sigaction(SIGUSR1, &action, &g_previous_usr1);
 }
 
 StopSignals::~StopSignals() {
   sigaction(SIGINT, &g_previous_int, nullptr);
   sigaction(SIGTERM, &g_previous_term, nullptr);
+  sigaction(SIGUSR1, &g_previous_usr1, nullptr);
 }
 
 int StopSignals::received() { return g_received; }
@@ -44,6 +47,7 @@ int StopSignals::received() { return g_received; }
 const char* signal_name(int signal_number) {
   if (signal_number == SIGINT) return "SIGINT";
   if (signal_number == SIGTERM) return "SIGTERM";
+  if (signal_number == SIGUSR1) return "SIGUSR1";
   static thread_local char text[32];
   std::snprintf(text, sizeof(text), "signal %d", signal_number);
   return text;

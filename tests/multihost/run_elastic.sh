@@ -16,8 +16,8 @@
 #      Printed: the time from the cut to the first step trained after it.
 #   3. Grow: once that attempt runs, hB's link comes back; within
 #      DTRAIN_HOST_PROBE_INTERVAL the launcher finds hB answering, stops the
-#      job with SIGTERM (a checkpoint at the end of its step) and restarts it
-#      on 4 ranks. The job must finish (exit 0), its final metrics line saying
+#      job with SIGUSR1 (a checkpoint at the end of its step) and restarts it
+#      on 4 ranks from that checkpoint, no step lost. The job must finish (exit 0), its final metrics line saying
 #      restarts = 2 and world_size = 4.
 #   4. Losses: the steps trained on 2 ranks equal (within 1e-6,
 #      compare_losses.py) a run started at 2 ranks from a copy of the shrink's
@@ -144,12 +144,15 @@ grep -E 'dtrain launch:|resuming from' "$WORK/elastic.log" | cut -d' ' -f2- | cu
 
 shrink_step=$(grep -oE 'restart 1 of 2: .*restarting from the checkpoint of step [0-9]+' "$WORK/elastic.log" |
   grep -oE '[0-9]+$' | head -1)
-grow_step=$(grep -oE 'restart to grow .*continuing from the checkpoint of step [0-9]+' "$WORK/elastic.log" |
+grow_step=$(grep -oE 'restart to grow .* with the checkpoint of step [0-9]+' "$WORK/elastic.log" |
   grep -oE '[0-9]+$' | head -1)
 [[ -n $shrink_step ]] || fail "the launcher did not log a restart from a checkpoint after the cut"
 grep -q 'starting 2 ranks on hA:2 (lost: hB:2' "$WORK/elastic.log" || fail "the restart did not run on hA's 2 ranks with hB lost"
 [[ -n $grow_step ]] || fail "the launcher did not restart the job to grow once hB answered again"
-grep -q 'starting 4 ranks on hA:2,hB:2$' "$WORK/elastic.log" || fail "the job did not grow back to 4 ranks on hA and hB"
+# After the grow's restart (not the first attempt's line), on 4 ranks, with no step lost.
+sed -n '/restart to grow/,$p' "$WORK/elastic.log" | grep -q 'starting 4 ranks on hA:2,hB:2$' ||
+  fail "the job did not grow back to 4 ranks on hA and hB after the restart to grow"
+grep -q 'restart to grow .* 0 steps lost' "$WORK/elastic.log" || fail "the grow lost steps"
 python3 - "$WORK/elastic.jsonl" <<'PY' || fail "the final metrics line does not say restarts = 2, world_size = 4"
 import json, sys
 final = [json.loads(line) for line in open(sys.argv[1]) if '"final"' in line][-1]
