@@ -29,6 +29,8 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace dtrain::tp {
 
@@ -149,5 +151,22 @@ TORCH_MODULE(VocabParallelEmbedding);
 // gradients flow to each rank's logits slice.
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_slice, const torch::Tensor& targets,
                                            const CommPtr& group);
+
+// ---------------------------------------------------------------- whole models
+// The qualified names of `root`'s parameters that are tensor-parallel slices
+// (the parallel layers' weights, the column layers' biases); the others are
+// replicated across the group.
+std::vector<std::string> split_parameter_names(const torch::nn::Module& root);
+
+// Clips gradients by their global 2-norm over a model split across
+// `group` (tensor parallelism) and, optionally, sharded across
+// `shards_across` (FSDP over the data-parallel dimension; nullptr: the
+// gradients are whole on every data-parallel rank). `split[i]` says whether
+// parameters[i] is a slice (its part of the norm summed over the group) or
+// replicated (counted once). Returns the norm before clipping; every rank
+// scales its gradients by min(1, max_norm / (norm + 1e-6)), as
+// torch::nn::utils::clip_grad_norm_ does on one process.
+double clip_grad_norm(const std::vector<torch::Tensor>& parameters, const std::vector<bool>& split, double max_norm,
+                      Communicator* shards_across, Communicator& group);
 
 }  // namespace dtrain::tp

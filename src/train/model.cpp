@@ -34,6 +34,8 @@ Model build_model(const TrainConfig& config, bool deferred, CommPtr tp_group) {
       return gpt->loss(logits, targets).view({targets.size(0), targets.size(1)}).mean(1);
     };
     model.full_logits = [tp_group](const torch::Tensor& logits) { return tp::gather_last_dim(logits, tp_group); };
+    model.tp_group = tp_group;
+    model.tp_split_names = tp::split_parameter_names(*gpt);
     model.classification = false;
     model.parameters = models::GPTImpl::parameter_count(gpt_config(config));
     return model;

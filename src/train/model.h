@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace dtrain::train {
 
@@ -24,6 +26,10 @@ struct Model {
   // gpt: forward's logits -> logits over the whole vocabulary (under --tp
   // gathered from the group: only for sampling text); identity otherwise.
   std::function<torch::Tensor(const torch::Tensor&)> full_logits;
+  // --tp: the group the model is split across, and the names of the
+  // parameters that are slices (the others are replicated across it).
+  CommPtr tp_group;
+  std::vector<std::string> tp_split_names;
   int64_t parameters = 0;      // of the whole model (all tensor-parallel slices)
   bool classification = true;  // mlp, cnn: logits [B,10]; gpt: logits [B,T,256] (under --tp: [B,T,256/tp])
 };

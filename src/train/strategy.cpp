@@ -4,11 +4,14 @@
 #include "dtrain/ddp.h"
 #include "dtrain/fsdp.h"
 #include "dtrain/strategy_table.h"
+#include "dtrain/tensor_parallel.h"
 #include "checkpoint/held_state.h"
 #include "train/initial_weights.h"
 #include "common/timing.h"
 
 #include <algorithm>
+#include <set>
+#include <utility>
 #include <stdexcept>
 
 namespace dtrain {
@@ -27,6 +30,27 @@ bool strategy_available(const std::string& strategy) {
 namespace train {
 namespace {
 
+// --grad-clip under --tp: the norm over every slice, replicated parameters
+// once (dtrain::tp::clip_grad_norm); `named` are this rank's parameters (or
+// shards, with `shards_across` their sharding group).
+double clip_tensor_parallel(const Model& model, const std::vector<std::pair<std::string, torch::Tensor>>& named,
+                            double max_norm, Communicator* shards_across) {
+  const std::set<std::string> split(model.tp_split_names.begin(), model.tp_split_names.end());
+  std::vector<torch::Tensor> parameters;
+  std::vector<bool> is_split;
+  for (const auto& [name, parameter] : named) {
+    parameters.push_back(parameter);
+    is_split.push_back(split.count(name) > 0);
+  }
+  return tp::clip_grad_norm(parameters, is_split, max_norm, shards_across, *model.tp_group);
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> named_parameters(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& item : module.named_parameters()) named.emplace_back(item.key(), item.value());
+  return named;
+}
+
 // One process, the whole model, no communication.
 class SingleProcess final : public Strategy {
  public:
@@ -35,6 +59,7 @@ class SingleProcess final : public Strategy {
   torch::Tensor forward(const torch::Tensor& inputs) override { return model_.forward(inputs); }
   std::vector<torch::Tensor> optimizer_parameters() override { return model_.module->parameters(); }
   double clip_grad_norm(double max_norm) override {
+    if (model_.tp_group) return clip_tensor_parallel(model_, named_parameters(*model_.module), max_norm, nullptr);
     return dtrain::clip_grad_norm(model_.module->parameters(), max_norm, 2.0, /*shards_across=*/nullptr);
   }
   void save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step,
@@ -63,7 +88,10 @@ class DataParallel final : public Strategy {
     return model_.forward(inputs);
   }
   std::vector<torch::Tensor> optimizer_parameters() override { return ddp_.parameters(); }
-  double clip_grad_norm(double max_norm) override { return dtrain::clip_grad_norm(ddp_, max_norm); }
+  double clip_grad_norm(double max_norm) override {
+    if (model_.tp_group) return clip_tensor_parallel(model_, named_parameters(*model_.module), max_norm, nullptr);
+    return dtrain::clip_grad_norm(ddp_, max_norm);
+  }
   // Every replica is equal: each rank writes 1/world of it.
   void save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step,
             const std::map<std::string, std::string>& extra) override {
@@ -92,7 +120,14 @@ class FullySharded final : public Strategy {
     return fsdp_.forward_root([&] { return model_.forward(fsdp_.compute_input(inputs)); });
   }
   std::vector<torch::Tensor> optimizer_parameters() override { return fsdp_.parameters(); }
-  double clip_grad_norm(double max_norm) override { return dtrain::clip_grad_norm(fsdp_, max_norm); }
+  double clip_grad_norm(double max_norm) override {
+    if (model_.tp_group) {
+      std::vector<std::pair<std::string, torch::Tensor>> shards;
+      for (const auto& shard : fsdp_.parameter_shards()) shards.emplace_back(shard.name, shard.parameter);
+      return clip_tensor_parallel(model_, shards, max_norm, &fsdp_.shard_group());
+    }
+    return dtrain::clip_grad_norm(fsdp_, max_norm);
+  }
   std::optional<FSDPPrefetchTuning> prefetch_tuning() const override {
     auto tuning = fsdp_.prefetch_tuning();
     const auto& options = fsdp_.options();
