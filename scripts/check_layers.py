@@ -14,11 +14,11 @@ import re
 import sys
 
 # Each layer's level, bottom up. A layer may include only layers of a lower
-# level: siblings (the three engines; comm, models and data) do not see each other.
+# level: siblings (the three engines; comm, models and data; trace and tp) do not see each other.
 LEVEL = {
     "common": 0,
     "comm": 1, "models": 1, "data": 1,
-    "trace": 2,
+    "trace": 2, "tp": 2,
     "ddp": 3, "fsdp": 3, "ps": 3,
     "checkpoint": 4, "plan": 4,
     "train": 5,
@@ -29,7 +29,8 @@ OWNER = {
     "sharding.h": "common", "fsdp_compression.h": "common", "strategy_table.h": "common", "memory.h": "common",
     "shard_range.h": "common",
     "comm.h": "comm", "grad_norm.h": "comm", "join.h": "comm", "trace.h": "common", "trace_writer.h": "trace", "trace_summary.h": "trace",
-    "models.h": "models", "deferred_init.h": "models", "data.h": "data",
+    "models.h": "models", "deferred_init.h": "models", "sampling.h": "models", "data.h": "data",
+    "mesh.h": "comm", "tensor_parallel.h": "tp", "tp_gpt.h": "tp",
     "ddp.h": "ddp", "comm_hooks.h": "ddp", "sync_batch_norm.h": "ddp",
     "fsdp.h": "fsdp", "ps.h": "ps",
     "checkpoint.h": "checkpoint", "checkpoint_manifest.h": "checkpoint", "safetensors.h": "checkpoint",
