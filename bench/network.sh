@@ -98,23 +98,6 @@ say() { echo "== $*"; }
 skip() { echo "SKIP: $*"; exit "$SKIP_EXIT"; }
 die() { echo "FAIL: $*"; failures=$((failures + 1)); exit 1; }
 
-cleanup() {
-  local status=$?
-  trap - EXIT INT TERM
-  local pids
-  pids=$(jobs -pr)
-  [[ -n $pids ]] && kill -TERM $pids 2>/dev/null
-  netns_cleanup
-  if [[ -n $WORK ]]; then
-    if [[ $status -eq 0 && $failures -eq 0 && -z ${KEEP:-} ]]; then
-      rm -rf "$WORK"
-    else
-      echo "logs kept in $WORK"
-    fi
-  fi
-  exit "$status"
-}
-
 # --- preconditions --------------------------------------------------------
 [[ $(id -u) -eq 0 ]] || skip "needs root to create network namespaces and shape their link (sudo bench/network.sh)"
 for tool in ip tc unshare mpirun timeout python3; do
@@ -123,9 +106,7 @@ done
 [[ -x $DTRAIN ]] || { echo "FAIL: $DTRAIN is missing: build first (make build, or BUILD=DIR)"; exit 1; }
 # shellcheck source=tests/multihost/netns_hosts.sh
 source "$REPO/tests/multihost/netns_hosts.sh"
-trap cleanup EXIT
-trap 'echo "interrupted"; exit 130' INT
-trap 'exit 143' TERM
+netns_install_traps  # on exit: stop jobs, remove the hosts and $WORK (kept on failure or KEEP=1)
 WORK=$(mktemp -d /tmp/dtrain-network.XXXXXX)
 if [[ -z $RESULTS ]]; then
   RESULTS=bench/results

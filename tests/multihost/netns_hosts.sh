@@ -5,7 +5,7 @@
 #     source tests/multihost/netns_hosts.sh
 #     netns_make_hosts || ...       # hA 10.213.0.1 and hB 10.213.0.2, one veth link
 #     netns_on_host hA COMMAND...   # COMMAND "on" hA
-#     netns_cleanup                 # from the caller's EXIT trap
+#     netns_install_traps           # on exit: stop jobs, remove the hosts and $WORK (netns_exit)
 #
 # A host is a network namespace ${NS_PREFIX}hA / ${NS_PREFIX}hB joined to the
 # other by one veth pair (eth0 in each). A command runs on a host in its
@@ -89,6 +89,32 @@ netns_cleanup() {
   rmdir /etc/netns 2>/dev/null
   [[ -n $netns_created_veth ]] && ip link del "$netns_created_veth" 2>/dev/null
   return 0
+}
+
+# The callers' traps (netns_install_traps): on exit, stop this shell's jobs
+# still running (timeout passes the TERM on to its command), remove the
+# hosts, and remove the caller's $WORK folder unless the run failed (its
+# exit status or $failures) or KEEP is set; Ctrl-C and TERM exit through it.
+netns_exit() {
+  local status=$?
+  trap - EXIT INT TERM
+  local pids
+  pids=$(jobs -pr)
+  [[ -n $pids ]] && kill -TERM $pids 2>/dev/null
+  netns_cleanup
+  if [[ -n ${WORK:-} ]]; then
+    if [[ $status -eq 0 && ${failures:-0} -eq 0 && -z ${KEEP:-} ]]; then
+      rm -rf "$WORK"
+    else
+      echo "logs kept in $WORK"
+    fi
+  fi
+  exit "$status"
+}
+netns_install_traps() {
+  trap netns_exit EXIT
+  trap 'echo "interrupted"; exit 130' INT
+  trap 'exit 143' TERM
 }
 
 # What mpirun on hA needs to reach hB without ssh (netns_agent.sh starts the

@@ -79,27 +79,7 @@ say() { echo "== $*"; }
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 skip() { echo "SKIP: $*"; exit "$SKIP_EXIT"; }
 
-cleanup() {
-  local status=$?
-  trap - EXIT INT TERM
-  local pids
-  # This shell's jobs still running (a single-host reference among them):
-  # timeout passes the TERM on to its command.
-  pids=$(jobs -pr)
-  [[ -n $pids ]] && kill -TERM $pids 2>/dev/null
-  netns_cleanup
-  if [[ -n $WORK ]]; then
-    if [[ $status -eq 0 && $failures -eq 0 && -z ${KEEP:-} ]]; then
-      rm -rf "$WORK"
-    else
-      echo "logs kept in $WORK"
-    fi
-  fi
-  exit "$status"
-}
-trap cleanup EXIT
-trap 'echo "interrupted"; exit 130' INT
-trap 'exit 143' TERM
+netns_install_traps  # on exit: stop jobs, remove the hosts and $WORK (kept on failure or KEEP=1)
 
 # --- preconditions --------------------------------------------------------
 [[ $(id -u) -eq 0 ]] || skip "needs root to create network namespaces (run as root, or sudo $0)"
