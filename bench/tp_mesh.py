@@ -11,7 +11,10 @@ of the activations inside attention and the MLP (its heads, its part of the
 hidden layer); the residual stream, LayerNorms and the loss's inputs stay
 whole on every rank of the group.
 
-    bench/tp_mesh.py [--nproc N] [--rounds R] [--json OUT] DTRAIN -- TRAIN_ARGS...
+With --sequence-parallel the tp > 1 runs also split those replicated
+activations along the sequence (dtrain train --sequence-parallel).
+
+    bench/tp_mesh.py [--nproc N] [--rounds R] [--sequence-parallel] [--json OUT] DTRAIN -- TRAIN_ARGS...
 """
 
 import argparse
@@ -40,6 +43,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--json")
     parser.add_argument("dtrain")
     parser.add_argument("train_args", nargs=argparse.REMAINDER)
@@ -53,8 +57,11 @@ def main():
         for round_index in range(args.rounds):
             for tp in meshes:
                 metrics = os.path.join(folder, f"tp{tp}-{round_index}.jsonl")
-                results[tp].append(run(args.dtrain, train_args + ["--nproc", str(args.nproc), "--tp", str(tp)], metrics))
-    summary = {"nproc": args.nproc, "args": train_args, "rounds": args.rounds, "load_average_before": load_before,
+                extra = ["--sequence-parallel"] if args.sequence_parallel and tp > 1 else []
+                results[tp].append(run(args.dtrain, train_args + ["--nproc", str(args.nproc), "--tp", str(tp)] + extra,
+                                       metrics))
+    summary = {"nproc": args.nproc, "args": train_args, "rounds": args.rounds,
+               "sequence_parallel": args.sequence_parallel, "load_average_before": load_before,
                "load_average_after": os.getloadavg()[0], "seconds": time.time() - start, "meshes": []}
     print(f"\n| mesh (dp, tp) | peak memory per rank | start peak | median step | tokens/s |")
     print("|---|---:|---:|---:|---:|")

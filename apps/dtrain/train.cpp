@@ -127,6 +127,9 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
                        "gpt: tensor parallelism, splitting every block across N consecutive ranks (a (dp, tp) mesh "
                        "with dp = ranks / N; --strategy runs over the dp groups)")
       ->check(kPositive)->capture_default_str();
+  parallel->add_flag("--sequence-parallel", c.sequence_parallel,
+                     "With --tp: split the activations outside attention and the MLP (residual stream, LayerNorms) "
+                     "along the sequence too, instead of holding them whole on every rank of the group");
   parallel->add_option("--backend", f.backend, "How the started ranks find each other: mpi | c10d")
       ->check(CLI::IsMember({"mpi", "c10d"}))->capture_default_str();
   parallel->add_option("--compress", c.compress, "DDP gradient compression: none | bf16 | powersgd | topk")

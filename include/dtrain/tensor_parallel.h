@@ -50,6 +50,20 @@ torch::Tensor gather_last_dim(const torch::Tensor& x, const CommPtr& group);
 // divide evenly). Backward: the slices' gradients gathered.
 torch::Tensor split_last_dim(const torch::Tensor& x, const CommPtr& group);
 
+// Sequence parallelism: activations outside the tensor-parallel regions
+// (LayerNorms, dropout, the residual stream) split along the sequence
+// (dimension 1 of [B, T, C]; T must split evenly) instead of replicated.
+// Forward: the ranks' sequence slices gathered into [B, T, C]. Backward: the
+// ranks' gradients summed, this rank's slice of the sum (replaces
+// copy_to_group at the entry of a column-parallel layer).
+torch::Tensor gather_sequence(const torch::Tensor& x, const CommPtr& group);
+// Forward: the ranks' partial [B, T, C] summed, this rank's sequence slice.
+// Backward: the slices' gradients gathered (replaces reduce_from_group at the
+// exit of a row-parallel layer).
+torch::Tensor reduce_scatter_sequence(const torch::Tensor& x, const CommPtr& group);
+// Forward: this rank's sequence slice of a replicated x. Backward: gathered.
+torch::Tensor split_sequence(const torch::Tensor& x, const CommPtr& group);
+
 // ---------------------------------------------------------------- slicing
 // Which rows of a full [out, in] weight a column-parallel rank holds: `out`
 // is `sections` equal sections (a fused qkv has 3: q, k, v), and each section
@@ -78,6 +92,9 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
   ColumnParallelLinearImpl(int64_t in_features, int64_t out_features, CommPtr group,
                            ColumnParallelLinearOptions options = {});
   torch::Tensor forward(const torch::Tensor& x);
+  // forward() for an input that went through gather_sequence, whose backward
+  // already sums the ranks' input gradients (no copy_to_group).
+  torch::Tensor forward_gathered(const torch::Tensor& x);
   // Sets this rank's slice from a full weight [out, in] and bias [out]
   // (undefined: keep zeros), e.g. from an unsplit model or a checkpoint.
   void load_full(const torch::Tensor& weight, const torch::Tensor& bias = {});
@@ -108,6 +125,10 @@ class RowParallelLinearImpl : public torch::nn::Module {
   RowParallelLinearImpl(int64_t in_features, int64_t out_features, CommPtr group,
                         RowParallelLinearOptions options = {});
   torch::Tensor forward(const torch::Tensor& x);
+  // Sequence parallelism: reduce_scatter_sequence of the partial products,
+  // then the bias (through copy_to_group: each rank adds it to its slice
+  // only, so its gradient is summed over the group).
+  torch::Tensor forward_sequence_parallel(const torch::Tensor& x);
   void load_full(const torch::Tensor& weight, const torch::Tensor& bias = {});
   int64_t in_features() const { return in_features_; }    // of the full layer
   int64_t out_features() const { return out_features_; }
@@ -129,6 +150,8 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
  public:
   VocabParallelEmbeddingImpl(int64_t vocab_size, int64_t dim, CommPtr group);
   torch::Tensor forward(const torch::Tensor& tokens);
+  // This rank's rows' part of the lookup, before the sum over the group.
+  torch::Tensor partial(const torch::Tensor& tokens);
   void load_full(const torch::Tensor& weight);
   int64_t first_token() const { return first_; }  // of this rank's rows
   int64_t vocab_size() const { return vocab_size_; }

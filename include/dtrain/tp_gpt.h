@@ -18,6 +18,16 @@
 // when built deferred and materialised by fully_shard over a data-parallel
 // group (a 2-D mesh: DeviceMesh {{"dp", -1}, {"tp", T}}). Dropout masks are
 // drawn on each rank, so with dropout > 0 results depend on tp.
+//
+// With sequence_parallel, the activations outside attention and the MLP (the
+// residual stream, LayerNorms, dropout, the embeddings' sum) are split along
+// the sequence across the group instead of replicated: gather_sequence at the
+// entry of each column layer and reduce_scatter_sequence at the exit of each
+// row layer replace copy_to_group and reduce_from_group (the same bytes
+// moved), and the replicated parameters used on sequence slices (LayerNorms,
+// wpe, the row layers' biases) enter through copy_to_group, so their
+// gradients are summed over the group. Same results; applies to sequences
+// whose length tp divides (others, e.g. while sampling, take the plain path).
 #pragma once
 
 #include <dtrain/comm.h>
@@ -33,10 +43,20 @@ void check_tensor_parallel(const GPTConfig& config, int tp);
 class TPGPTBlockImpl : public torch::nn::Module {
  public:
   TPGPTBlockImpl(const GPTConfig& config, CommPtr group);
-  // [B,T,C] replicated -> [B,T,C] replicated
+  // [B,T,C] replicated -> [B,T,C] replicated; after
+  // set_sequence_parallel(true), [B,T/tp,C] sequence slices -> sequence slices.
   torch::Tensor forward(torch::Tensor x);
+  // The model says, before each forward, which layout its blocks get (a unit
+  // under FSDP is called with one tensor).
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
 
  private:
+  torch::Tensor attention(const torch::Tensor& h, int64_t B, int64_t T);
+  // A LayerNorm on sequence slices: its parameters through copy_to_group.
+  torch::Tensor slice_norm(torch::nn::LayerNorm& norm, const torch::Tensor& x);
+
+  CommPtr group_;
+  bool sequence_parallel_ = false;
   int64_t local_heads_;
   double dropout_;
   torch::nn::LayerNorm ln_1_{nullptr};
@@ -50,7 +70,7 @@ TORCH_MODULE(TPGPTBlock);
 
 class TPGPTImpl : public torch::nn::Module, public DeferredInit {
  public:
-  TPGPTImpl(const GPTConfig& config, CommPtr group);
+  TPGPTImpl(const GPTConfig& config, CommPtr group, bool sequence_parallel = false);
 
   // int64 tokens [B,T], the same on every rank of the group -> this rank's
   // slice of the logits, [B, T, vocab_size / tp] (columns
@@ -66,8 +86,11 @@ class TPGPTImpl : public torch::nn::Module, public DeferredInit {
   void init_module(const std::string& name, torch::nn::Module& module, at::Generator& generator) override;
 
  private:
+  torch::Tensor forward_sequence_parallel(const torch::Tensor& tokens);
+
   GPTConfig config_;
   CommPtr group_;
+  bool sequence_parallel_;
   tp::VocabParallelEmbedding wte_{nullptr};
   torch::nn::Embedding wpe_{nullptr};
   torch::nn::ModuleList blocks_{nullptr};

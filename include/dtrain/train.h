@@ -51,6 +51,9 @@ struct TrainConfig {
   // ranks split each block (dtrain/tp_gpt.h) and --strategy runs over the
   // dp = world / tp groups; 1 = none.
   int tp = 1;
+  // With tp > 1: split the activations outside attention and the MLP along
+  // the sequence too (dtrain/tp_gpt.h); seq_len must be a multiple of tp.
+  bool sequence_parallel = false;
   std::string compress = "none";  // none | bf16 | powersgd | topk
   std::string mixed_precision = "none";
   // zero1 / zero2 / fsdp / hsdp: prefetch the next unit's all-gather "on",

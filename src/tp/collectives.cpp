@@ -34,27 +34,42 @@ torch::Tensor all_reduced(const torch::Tensor& x, const CommPtr& group) {
   return sum;
 }
 
-// [..., n] on every rank -> [..., size * n], the ranks' pieces in rank order.
-torch::Tensor gathered_last_dim(const torch::Tensor& x, const CommPtr& group) {
+// The ranks' x concatenated along `dim`, in rank order (every rank's x has
+// the same shape).
+torch::Tensor gathered(const torch::Tensor& x, int64_t dim, const CommPtr& group) {
   const int64_t size = group->size();
-  torch::Tensor piece = x.contiguous();
+  // Along dim 0, the ranks' pieces concatenate as the flat all-gather lays them out.
+  torch::Tensor piece = x.movedim(dim, 0).contiguous();
   torch::Tensor stacked = torch::empty({size * piece.numel()}, piece.options());
   group->blocking().all_gather(piece.view({-1}), stacked);
-  // [size, ..., n] -> [..., size, n] -> [..., size * n]
-  std::vector<int64_t> shape{size};
-  for (int64_t d : piece.sizes()) shape.push_back(d);
-  torch::Tensor grid = stacked.view(shape).movedim(0, -2);
-  std::vector<int64_t> out_shape(piece.sizes().begin(), piece.sizes().end());
-  out_shape.back() *= size;
-  return grid.reshape(out_shape);
+  std::vector<int64_t> shape(piece.sizes().begin(), piece.sizes().end());
+  shape[0] *= size;
+  return stacked.view(shape).movedim(0, dim);
 }
 
-torch::Tensor sliced_last_dim(const torch::Tensor& x, const CommPtr& group) {
-  const int64_t size = group->size(), n = x.size(-1);
+void check_splits(const torch::Tensor& x, int64_t dim, const CommPtr& group) {
+  const int64_t n = x.size(dim), size = group->size();
   if (n % size != 0)
-    throw std::invalid_argument("tensor parallel: the last dimension (" + std::to_string(n) +
+    throw std::invalid_argument("tensor parallel: dimension " + std::to_string(dim) + " (" + std::to_string(n) +
                                 ") does not split evenly across " + std::to_string(size) + " ranks");
-  return x.narrow(-1, group->rank() * (n / size), n / size).contiguous();
+}
+
+// This rank's slice along `dim`.
+torch::Tensor sliced(const torch::Tensor& x, int64_t dim, const CommPtr& group) {
+  check_splits(x, dim, group);
+  const int64_t piece = x.size(dim) / group->size();
+  return x.narrow(dim, group->rank() * piece, piece).contiguous();
+}
+
+// The ranks' x summed, and of the sum this rank's slice along `dim`.
+torch::Tensor reduce_scattered(const torch::Tensor& x, int64_t dim, const CommPtr& group) {
+  check_splits(x, dim, group);
+  torch::Tensor full = x.movedim(dim, 0).contiguous();  // rank r's slice: rows [r*n/size, (r+1)*n/size)
+  std::vector<int64_t> shape(full.sizes().begin(), full.sizes().end());
+  shape[0] /= group->size();
+  torch::Tensor mine = torch::empty(shape, full.options());
+  group->blocking().reduce_scatter(full.view({-1}), mine.view({-1}), ReduceOp::Sum);
+  return mine.movedim(0, dim);
 }
 
 struct CopyToGroup : torch::autograd::Function<CopyToGroup> {
@@ -74,23 +89,36 @@ struct ReduceFromGroup : torch::autograd::Function<ReduceFromGroup> {
   static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], torch::Tensor()}; }
 };
 
-struct GatherLastDim : torch::autograd::Function<GatherLastDim> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, CommPtr group) {
+// Forward: gathered along `dim`. Backward: this rank's slice of the gradient,
+// or with `reduce` its slice of the gradients summed over the ranks (the
+// gathered value fed every rank's computation: sequence parallelism).
+struct GatherDim : torch::autograd::Function<GatherDim> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t dim, bool reduce, CommPtr group) {
     save_group(ctx, group);
-    return gathered_last_dim(x, group);
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["reduce"] = reduce;
+    return gathered(x, dim, group);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {sliced_last_dim(grads[0], saved_group(ctx)), torch::Tensor()};
+    const int64_t dim = ctx->saved_data["dim"].toInt();
+    const CommPtr group = saved_group(ctx);
+    torch::Tensor grad = ctx->saved_data["reduce"].toBool() ? reduce_scattered(grads[0], dim, group)
+                                                            : sliced(grads[0], dim, group);
+    return {grad, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
-struct SplitLastDim : torch::autograd::Function<SplitLastDim> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, CommPtr group) {
+// Forward: this rank's slice along `dim`, of x itself or with `reduce` of the
+// ranks' x summed. Backward: the gradients gathered.
+struct ScatterDim : torch::autograd::Function<ScatterDim> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t dim, bool reduce, CommPtr group) {
     save_group(ctx, group);
-    return sliced_last_dim(x, group);
+    ctx->saved_data["dim"] = dim;
+    return reduce ? reduce_scattered(x, dim, group) : sliced(x, dim, group);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {gathered_last_dim(grads[0], saved_group(ctx)), torch::Tensor()};
+    return {gathered(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx)), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -105,11 +133,23 @@ torch::Tensor reduce_from_group(const torch::Tensor& x, const CommPtr& group) {
 }
 
 torch::Tensor gather_last_dim(const torch::Tensor& x, const CommPtr& group) {
-  return group->size() == 1 ? x : GatherLastDim::apply(x, group);
+  return group->size() == 1 ? x : GatherDim::apply(x, x.dim() - 1, false, group);
 }
 
 torch::Tensor split_last_dim(const torch::Tensor& x, const CommPtr& group) {
-  return group->size() == 1 ? x : SplitLastDim::apply(x, group);
+  return group->size() == 1 ? x : ScatterDim::apply(x, x.dim() - 1, false, group);
+}
+
+torch::Tensor gather_sequence(const torch::Tensor& x, const CommPtr& group) {
+  return group->size() == 1 ? x : GatherDim::apply(x, int64_t{1}, true, group);
+}
+
+torch::Tensor reduce_scatter_sequence(const torch::Tensor& x, const CommPtr& group) {
+  return group->size() == 1 ? x : ScatterDim::apply(x, int64_t{1}, true, group);
+}
+
+torch::Tensor split_sequence(const torch::Tensor& x, const CommPtr& group) {
+  return group->size() == 1 ? x : ScatterDim::apply(x, int64_t{1}, false, group);
 }
 
 }  // namespace dtrain::tp

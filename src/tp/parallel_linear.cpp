@@ -78,8 +78,10 @@ void ColumnParallelLinearImpl::load_full(const torch::Tensor& full_weight, const
     copy_into(bias, column_slice(full_bias.unsqueeze(1), rank, size, options_.sections).squeeze(1), "bias");
 }
 
-torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
-  torch::Tensor y = torch::nn::functional::linear(copy_to_group(x, group_), weight, bias);
+torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) { return forward_gathered(copy_to_group(x, group_)); }
+
+torch::Tensor ColumnParallelLinearImpl::forward_gathered(const torch::Tensor& x) {
+  torch::Tensor y = torch::nn::functional::linear(x, weight, bias);
   return options_.gather_output ? gather_last_dim(y, group_) : y;
 }
 
@@ -103,6 +105,11 @@ torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
   // The bias is added once, after the partial products are summed.
   torch::Tensor y = reduce_from_group(torch::nn::functional::linear(input, weight), group_);
   return bias.defined() ? y + bias : y;
+}
+
+torch::Tensor RowParallelLinearImpl::forward_sequence_parallel(const torch::Tensor& x) {
+  torch::Tensor y = reduce_scatter_sequence(torch::nn::functional::linear(x, weight), group_);
+  return bias.defined() ? y + copy_to_group(bias, group_) : y;
 }
 
 }  // namespace dtrain::tp

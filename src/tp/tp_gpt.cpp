@@ -20,7 +20,7 @@ void check_tensor_parallel(const GPTConfig& config, int tp) {
 }
 
 TPGPTBlockImpl::TPGPTBlockImpl(const GPTConfig& config, CommPtr group)
-    : local_heads_(config.n_head / group->size()), dropout_(config.dropout) {
+    : group_(group), local_heads_(config.n_head / group->size()), dropout_(config.dropout) {
   check_tensor_parallel(config, group->size());
   const int64_t C = config.n_embd;
   auto layer_norm = [C] { return deferred(torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{C}))); };
@@ -34,20 +34,40 @@ TPGPTBlockImpl::TPGPTBlockImpl(const GPTConfig& config, CommPtr group)
   mlp_proj_ = register_module("mlp_proj", deferred(tp::RowParallelLinear(4 * C, C, group)));
 }
 
-torch::Tensor TPGPTBlockImpl::forward(torch::Tensor x) {
-  const int64_t B = x.size(0), T = x.size(1);
+// This rank's heads of causal self-attention on [B,T,C] (whole sequences):
+// [B,T,C/tp] ready for the row-parallel projection.
+torch::Tensor TPGPTBlockImpl::attention(const torch::Tensor& h, int64_t B, int64_t T) {
   const double dropout = is_training() ? dropout_ : 0.0;
   const int64_t local_C = qkv_->weight.size(0) / 3;  // this rank's heads x head_dim
-  // [B,T,3*local_C] -> q, k, v [B,local_heads,T,head_dim]: this rank's heads.
-  auto qkv = qkv_->forward(ln_1_->forward(x)).view({B, T, 3, local_heads_, local_C / local_heads_}).permute({2, 0, 3, 1, 4});
+  // [B,T,3*local_C] -> q, k, v [B,local_heads,T,head_dim].
+  auto qkv = h.view({B, T, 3, local_heads_, local_C / local_heads_}).permute({2, 0, 3, 1, 4});
   auto y = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{}, dropout, /*is_causal=*/true);
-  y = y.transpose(1, 2).reshape({B, T, local_C});
-  x = x + torch::dropout(attn_proj_->forward(y), dropout, is_training());
-  auto h = torch::gelu(mlp_fc_->forward(ln_2_->forward(x)));
-  return x + torch::dropout(mlp_proj_->forward(h), dropout, is_training());
+  return y.transpose(1, 2).reshape({B, T, local_C});
 }
 
-TPGPTImpl::TPGPTImpl(const GPTConfig& config, CommPtr group) : config_(config), group_(std::move(group)) {
+torch::Tensor TPGPTBlockImpl::slice_norm(torch::nn::LayerNorm& norm, const torch::Tensor& x) {
+  return torch::layer_norm(x, norm->options.normalized_shape(), tp::copy_to_group(norm->weight, group_),
+                           tp::copy_to_group(norm->bias, group_), norm->options.eps());
+}
+
+torch::Tensor TPGPTBlockImpl::forward(torch::Tensor x) {
+  const bool training = is_training();
+  if (!sequence_parallel_) {
+    const int64_t B = x.size(0), T = x.size(1);
+    x = x + torch::dropout(attn_proj_->forward(attention(qkv_->forward(ln_1_->forward(x)), B, T)), dropout_, training);
+    auto h = torch::gelu(mlp_fc_->forward(ln_2_->forward(x)));
+    return x + torch::dropout(mlp_proj_->forward(h), dropout_, training);
+  }
+  // x: this rank's sequence slice [B,T/tp,C]; attention and the MLP see whole sequences.
+  const int64_t B = x.size(0), T = x.size(1) * group_->size();
+  auto h = qkv_->forward_gathered(tp::gather_sequence(slice_norm(ln_1_, x), group_));
+  x = x + torch::dropout(attn_proj_->forward_sequence_parallel(attention(h, B, T)), dropout_, training);
+  h = torch::gelu(mlp_fc_->forward_gathered(tp::gather_sequence(slice_norm(ln_2_, x), group_)));
+  return x + torch::dropout(mlp_proj_->forward_sequence_parallel(h), dropout_, training);
+}
+
+TPGPTImpl::TPGPTImpl(const GPTConfig& config, CommPtr group, bool sequence_parallel)
+    : config_(config), group_(std::move(group)), sequence_parallel_(sequence_parallel) {
   GPTImpl::parameter_count(config_);  // GPT's own checks of the config
   check_tensor_parallel(config_, group_->size());
   wte_ = register_module("wte", deferred(tp::VocabParallelEmbedding(config_.vocab_size, config_.n_embd, group_)));
@@ -90,6 +110,11 @@ torch::Tensor TPGPTImpl::forward(torch::Tensor tokens) {
               "TPGPT: expected int64 tokens of shape [B,T], got ", tokens.scalar_type(), " ", tokens.sizes());
   const int64_t T = tokens.size(1);
   TORCH_CHECK(T <= config_.seq_len, "TPGPT: sequence of ", T, " tokens is longer than seq_len ", config_.seq_len);
+  // The blocks keep the layout until the next forward: a recomputation in
+  // backward (activation checkpointing) must see the same one.
+  const bool sequence_parallel = sequence_parallel_ && group_->size() > 1 && T % group_->size() == 0;
+  for (auto& block : block_calls_) block->set_sequence_parallel(sequence_parallel);
+  if (sequence_parallel) return forward_sequence_parallel(tokens);
   auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   auto x = wte_->forward(tokens) + wpe_->forward(positions);
   x = torch::dropout(x, config_.dropout, is_training());
@@ -97,6 +122,23 @@ torch::Tensor TPGPTImpl::forward(torch::Tensor tokens) {
   x = ln_f_->forward(x);
   // The tied head, column-parallel over the vocabulary: this rank's rows of wte.
   return tp::copy_to_group(x, group_).matmul(wte_->weight.t());
+}
+
+torch::Tensor TPGPTImpl::forward_sequence_parallel(const torch::Tensor& tokens) {
+  const int64_t T = tokens.size(1), slice = T / group_->size(), first = group_->rank() * slice;
+  auto positions = torch::arange(first, first + slice, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  // The embeddings' sum, this rank's sequence slice: the vocabulary rows'
+  // partial lookups reduce-scattered, plus the slice's positions (wpe through
+  // copy_to_group: each rank sees only its positions).
+  auto x = tp::reduce_scatter_sequence(wte_->partial(tokens), group_) +
+           torch::embedding(tp::copy_to_group(wpe_->weight, group_), positions);
+  x = torch::dropout(x, config_.dropout, is_training());
+  for (auto& block : block_calls_) x = block(x);
+  x = torch::layer_norm(x, ln_f_->options.normalized_shape(), tp::copy_to_group(ln_f_->weight, group_),
+                        tp::copy_to_group(ln_f_->bias, group_), ln_f_->options.eps());
+  // The tied head over whole sequences; gather_sequence's backward sums the
+  // ranks' vocabulary slices' contributions, as copy_to_group does.
+  return tp::gather_sequence(x, group_).matmul(wte_->weight.t());
 }
 
 torch::Tensor TPGPTImpl::loss(const torch::Tensor& logits_slice, const torch::Tensor& targets) const {

@@ -44,11 +44,14 @@ void VocabParallelEmbeddingImpl::load_full(const torch::Tensor& full) {
 }
 
 torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& tokens) {
+  return reduce_from_group(partial(tokens), group_);
+}
+
+torch::Tensor VocabParallelEmbeddingImpl::partial(const torch::Tensor& tokens) {
   const int64_t rows = weight.size(0);
   const torch::Tensor mine = (tokens >= first_) & (tokens < first_ + rows);
   const torch::Tensor local = torch::where(mine, tokens - first_, torch::zeros_like(tokens));
-  torch::Tensor partial = torch::nn::functional::embedding(local, weight) * mine.unsqueeze(-1).to(weight.dtype());
-  return reduce_from_group(partial, group_);
+  return torch::nn::functional::embedding(local, weight) * mine.unsqueeze(-1).to(weight.dtype());
 }
 
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_slice, const torch::Tensor& targets,

@@ -160,6 +160,8 @@ void check_ps_and_straggler_flags(const TrainConfig& c, int world_size) {
 // combine with yet is refused here, naming the flag.
 void check_tensor_parallel_flags(const TrainConfig& c, int world_size) {
   if (c.tp < 1) fail("--tp must be >= 1, got " + std::to_string(c.tp));
+  if (c.sequence_parallel && c.tp == 1)
+    fail("--sequence-parallel splits tensor parallelism's activations along the sequence: it needs --tp N with N > 1");
   if (c.tp == 1) return;
   const std::string tp = "--tp " + std::to_string(c.tp);
   if (c.model != "gpt") fail(tp + " splits the GPT's blocks: it needs --model gpt (got --model " + c.model + ")");
@@ -168,6 +170,9 @@ void check_tensor_parallel_flags(const TrainConfig& c, int world_size) {
          "mesh with dp = ranks / tp");
   if (c.gpt_heads % c.tp != 0)
     fail(tp + " does not divide --gpt-heads " + std::to_string(c.gpt_heads) + " (each rank computes whole heads)");
+  if (c.sequence_parallel && c.seq_len % c.tp != 0)
+    fail("--sequence-parallel with " + tp + " needs --seq-len divisible by " + std::to_string(c.tp) + ", got " +
+         std::to_string(c.seq_len));
   if (256 % c.tp != 0)
     fail(tp + " does not divide the vocabulary of 256 bytes (each rank holds 256 / tp rows of the embedding)");
   if (!one_of(c.strategy, {"single", "ddp", "zero1", "zero2", "fsdp", "hsdp"}))

@@ -27,7 +27,7 @@ Model build_model(const TrainConfig& config, bool deferred, CommPtr tp_group) {
   } else if (config.model == "gpt" && config.tp > 1) {
     if (!tp_group || tp_group->size() != config.tp)
       throw std::invalid_argument("build_model: --tp " + std::to_string(config.tp) + " needs its tensor-parallel group");
-    models::TPGPT gpt(gpt_config(config), tp_group);
+    models::TPGPT gpt(gpt_config(config), tp_group, config.sequence_parallel);
     model.module = gpt.ptr();
     model.forward = [gpt](const torch::Tensor& x) mutable { return gpt->forward(x); };
     model.loss = [gpt](const torch::Tensor& logits, const torch::Tensor& targets) {

@@ -107,6 +107,26 @@ TEST(Collectives, GatherAndSplitAlongTheLastDimension) {
   EXPECT_TRUE(torch::equal(whole.grad(), torch::full(full.sizes(), 2.0)));
 }
 
+TEST(Collectives, SequenceGatherAndReduceScatterAreEachOthersTranspose) {
+  DeviceMesh mesh = tp_mesh();
+  const auto& group = mesh.comm("tp");
+  const int r = group->rank(), n = group->size();
+  const torch::Tensor full = torch::arange(2 * 2 * n * 3, torch::kFloat32).view({2, 2 * n, 3});
+  // gather_sequence: slices [2, 2, 3] -> [2, 2n, 3]; backward sums the ranks' gradients, keeps my slice.
+  torch::Tensor slice = full.narrow(1, 2 * r, 2).clone().requires_grad_();
+  torch::Tensor whole = tp::gather_sequence(slice, group);
+  EXPECT_TRUE(torch::equal(whole, full));
+  (whole * static_cast<double>(r + 1)).sum().backward();
+  EXPECT_TRUE(torch::equal(slice.grad(), torch::full({2, 2, 3}, n * (n + 1) / 2.0)));
+  // reduce_scatter_sequence: every rank's (r+1) * full summed, my slice; backward gathers.
+  torch::Tensor partial = (full * static_cast<double>(r + 1)).requires_grad_();
+  torch::Tensor mine = tp::reduce_scatter_sequence(partial, group);
+  EXPECT_TRUE(torch::equal(mine, full.narrow(1, 2 * r, 2) * (n * (n + 1) / 2.0)));
+  (mine * static_cast<double>(r + 1)).sum().backward();
+  for (int k = 0; k < n; ++k)
+    EXPECT_TRUE(torch::equal(partial.grad().narrow(1, 2 * k, 2), torch::full({2, 2, 3}, k + 1.0))) << "slice " << k;
+}
+
 // An MLP block as a GPT has it: fc column-parallel, proj row-parallel,
 // against torch::nn::Linear from the same seeds. Also a fused qkv (3 sections).
 TEST(ParallelLinear, ColumnThenRowEqualsTheUnsplitLayers) {

@@ -2,10 +2,11 @@
 """dtrain train --tp N (issue 20): a GPT run on a (dp, tp) mesh equals the
 same run on one process.
 
-    check_tp.py --tp T --nproc N [--strategy S] [--backend B] DTRAIN -- TRAIN_ARGS...
+    check_tp.py --tp T --nproc N [--strategy S] [--backend B] [--sequence-parallel] DTRAIN -- TRAIN_ARGS...
 
 Runs TRAIN_ARGS once with --strategy single --nproc 1 (the reference) and once
-with --strategy S --nproc N --tp T, both with --metrics and --log-every 1, and
+with --strategy S --nproc N --tp T (and --sequence-parallel, if given), both
+with --metrics and --log-every 1, and
 fails unless: the tp run exits 0; its final line says mesh {"dp": N/T, "tp": T}
 and the GPT's full parameter count; every step's loss and the final validation
 loss equal the reference's within 1e-5 (tensor parallelism sums in another
@@ -31,6 +32,7 @@ def main():
     parser.add_argument("--nproc", type=int, required=True)
     parser.add_argument("--strategy", default="fsdp")
     parser.add_argument("--backend", default="mpi")
+    parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("train_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     train_args = [a for a in args.train_args if a != "--"]
@@ -41,7 +43,8 @@ def main():
         base = [args.dtrain, "train"] + train_args + ["--log-every", "1"]
         run(base + ["--strategy", "single", "--nproc", "1", "--metrics", reference_path])
         _, output = run(base + ["--strategy", args.strategy, "--nproc", str(args.nproc), "--tp", str(args.tp),
-                             "--backend", args.backend, "--metrics", tp_path])
+                             "--backend", args.backend, "--metrics", tp_path]
+                        + (["--sequence-parallel"] if args.sequence_parallel else []))
         dp = args.nproc // args.tp
         if f"mesh (dp={dp}, tp={args.tp})" not in output:
             fail(f"the banner does not name the mesh (dp={dp}, tp={args.tp})")
