@@ -82,7 +82,7 @@ TPGPTImpl::TPGPTImpl(const GPTConfig& config, CommPtr group, bool sequence_paral
   initialize_unless_deferred(*this);
 }
 
-void TPGPTImpl::init_module(const std::string& name, torch::nn::Module& module, at::Generator& generator) {
+void TPGPTImpl::init_module(const std::string& /*name*/, torch::nn::Module& module, at::Generator& generator) {
   torch::NoGradGuard no_grad;
   // GPT-2's N(0, 0.02) for every weight matrix, biases 0: drawn at full size
   // from the module's generator exactly as GPTImpl::init_module draws them.
@@ -99,7 +99,6 @@ void TPGPTImpl::init_module(const std::string& name, torch::nn::Module& module, 
   } else if (auto* plain = module.as<torch::nn::Embedding>()) {
     plain->weight.normal_(0.0, 0.02, generator);
   } else {
-    (void)name;
     default_init(module, generator);
   }
 }
