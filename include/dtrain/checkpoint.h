@@ -44,6 +44,7 @@
 
 #include <dtrain/checkpoint_manifest.h>
 #include <dtrain/comm.h>
+#include <dtrain/flat_runs.h>
 #include <dtrain/safetensors.h>
 
 #include <memory>
@@ -55,6 +56,7 @@ class Optimizer;
 namespace dtrain {
 
 class FullyShardedBase;
+class DeviceMesh;
 
 // load_state_into for a sharded model: each rank reads from the safetensors
 // file at `path` only the bytes of the parameter pieces it holds (and the
@@ -90,7 +92,10 @@ struct HeldTensor {
   int64_t begin = 0, end = 0;  // the elements [begin, end) of the flattened tensor this rank holds
   torch::Tensor flat;          // those elements, 1-D; a view (a load writes the model through it)
   int replicas = 1, replica = 0;  // `replicas` ranks hold the same elements; this one is copy `replica`
-  torch::Tensor parameter;     // for parameters: the tensor the optimizer keys its state by (its numel = end - begin)
+  torch::Tensor parameter;     // for parameters: the tensor the optimizer keys its state by (its numel = flat's)
+  // When not empty, the elements of the flattened tensor `flat` holds, in
+  // order, instead of [begin, end): a tensor-parallel slice (held_on_mesh).
+  std::vector<FlatRun> runs;
 };
 struct HeldModel {
   std::string strategy;  // the manifest's strategy (a --strategy name)
@@ -101,6 +106,24 @@ struct HeldModel {
   // kind of the optimizer passed.
   std::string optimizer_kind;
 };
+
+// Tensor parallelism (dtrain/tensor_parallel.h) on a mesh with dimensions
+// "dp" and "tp" (dtrain/mesh.h): what this rank holds of the global, unsplit
+// tensors, for save_checkpoint / load_checkpoint over mesh.world(). The
+// model's parallel layers say where their slices sit in the global weights
+// (tp::parameter_places), so a checkpoint saved on one mesh loads on any
+// other, into any strategy, and into the plain single-process model; the
+// replicated parameters are written once across both dimensions. `module`:
+// the tensor-parallel model, whole on each dp rank (DDP over dp, or dp = 1);
+// `fsdp`: the model sharded over mesh.comm("dp").
+//
+//   dtrain::save_checkpoint(dir, dtrain::held_on_mesh(fsdp, mesh), &optimizer, step, mesh.world());
+HeldModel held_on_mesh(torch::nn::Module& module, const DeviceMesh& mesh);
+HeldModel held_on_mesh(FullyShardedBase& fsdp, const DeviceMesh& mesh);
+
+// load_safetensors_into for any view of what a rank holds (held_on_mesh:
+// a tensor-parallel model reads its slices of a whole model's file).
+void load_safetensors_into(const HeldModel& held, const std::string& path);
 
 // Collective over `comm`: each rank writes the pieces `held` lists (a
 // 1/replicas share of replicated ones) and their optimizer state. A rank may

@@ -17,9 +17,17 @@ struct CheckpointManifest {
     std::string dtype;           // "float32", "int64", ... (dtrain::dtype_name)
     std::vector<int64_t> shape;  // global shape
   };
+  // Elements of the flattened tensor `name`: [begin, end), or with count > 1
+  // the runs [begin, end) + k * stride for k < count (a tensor-parallel
+  // slice: the columns of a row-parallel weight). The file's entry for
+  // `name` holds the pieces' elements one after another; this piece's start
+  // at element `offset` of it (0 when a file holds one piece of `name`).
   struct Piece {
     std::string name;
-    int64_t begin = 0, end = 0;  // elements of the flattened tensor
+    int64_t begin = 0, end = 0;
+    int64_t offset = 0;
+    int64_t stride = 0, count = 1;
+    int64_t numel() const { return (end - begin) * count; }
   };
   struct File {
     std::string name;  // relative to the directory
@@ -27,7 +35,7 @@ struct CheckpointManifest {
     uint64_t xxh64 = 0;
     std::vector<Piece> pieces;
   };
-  int format_version = 1;
+  int format_version = 2;  // 1: no strided pieces (offset 0, count 1); read as well
   int64_t step = 0;
   int world_size = 1;
   std::string strategy;   // a row of dtrain/strategy_table.h ("ddp", "fsdp", ...; older saves: "full", ...)

@@ -24,11 +24,13 @@
 #pragma once
 
 #include <dtrain/comm.h>
+#include <dtrain/flat_runs.h>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -100,6 +102,8 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
   void load_full(const torch::Tensor& weight, const torch::Tensor& bias = {});
   int64_t in_features() const { return in_features_; }    // of the full layer
   int64_t out_features() const { return out_features_; }
+  int64_t sections() const { return options_.sections; }
+  const CommPtr& group() const { return group_; }
 
   torch::Tensor weight, bias;
 
@@ -132,6 +136,7 @@ class RowParallelLinearImpl : public torch::nn::Module {
   void load_full(const torch::Tensor& weight, const torch::Tensor& bias = {});
   int64_t in_features() const { return in_features_; }    // of the full layer
   int64_t out_features() const { return out_features_; }
+  const CommPtr& group() const { return group_; }
 
   torch::Tensor weight, bias;
 
@@ -154,6 +159,7 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
   torch::Tensor partial(const torch::Tensor& tokens);
   void load_full(const torch::Tensor& weight);
   int64_t first_token() const { return first_; }  // of this rank's rows
+  const CommPtr& group() const { return group_; }
   int64_t vocab_size() const { return vocab_size_; }
   int64_t dim() const { return dim_; }
 
@@ -180,6 +186,12 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_slice, co
 // (the parallel layers' weights, the column layers' biases); the others are
 // replicated across the group.
 std::vector<std::string> split_parameter_names(const torch::nn::Module& root);
+// Where each of those slices sits in the unsplit layer's tensor of the same
+// name: its global shape and the runs of global elements it holds, in order
+// (column: rows of each section; row: columns, one run per row; vocabulary:
+// rows). From the layers' sizes alone, so also for a deferred or sharded
+// model. Sharded checkpoints save and load through it (dtrain::held_on_mesh).
+std::map<std::string, PlaceInGlobal> parameter_places(const torch::nn::Module& root);
 
 // Clips gradients by their global 2-norm over a model split across
 // `group` (tensor parallelism) and, optionally, sharded across

@@ -25,7 +25,7 @@ torch::Tensor flat_view(const torch::Tensor& tensor) {
 void add_buffers(HeldModel& held, torch::nn::Module& module) {
   for (const auto& item : module.named_buffers(true)) {
     held.tensors.push_back({item.key(), item.value().sizes().vec(), 0, item.value().numel(), flat_view(item.value()),
-                            held.world_size, held.rank, torch::Tensor()});
+                            held.world_size, held.rank, torch::Tensor(), {}});
   }
 }
 
@@ -38,7 +38,7 @@ HeldModel held_by_module(torch::nn::Module& module, const CommPtr& comm) {
   held.strategy = held.world_size > 1 ? "ddp" : "single";
   for (const auto& item : module.named_parameters(true)) {
     held.tensors.push_back({item.key(), item.value().sizes().vec(), 0, item.value().numel(), flat_view(item.value()),
-                            held.world_size, held.rank, item.value()});
+                            held.world_size, held.rank, item.value(), {}});
   }
   add_buffers(held, module);
   return held;
@@ -60,10 +60,15 @@ HeldModel held_by_fsdp(FullyShardedBase& fsdp) {
                                "forward or backward");
     }
     held.tensors.push_back(
-        {shard.name, shard.shape, shard.begin, shard.end, shard.parameter.detach(), replicas, replica, shard.parameter});
+        {shard.name, shard.shape, shard.begin, shard.end, shard.parameter.detach(), replicas, replica, shard.parameter, {}});
   }
   add_buffers(held, *fsdp.root_module());
   return held;
+}
+
+std::vector<FlatRun> global_runs(const HeldTensor& tensor) {
+  if (!tensor.runs.empty()) return tensor.runs;
+  return {{tensor.begin, tensor.end - tensor.begin, 0, 1}};
 }
 
 std::string optimizer_kind(const torch::optim::Optimizer* optimizer) {

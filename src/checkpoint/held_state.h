@@ -30,6 +30,10 @@ using dtrain::HeldTensor;
 HeldModel held_by_module(torch::nn::Module& module, const CommPtr& comm);
 HeldModel held_by_fsdp(FullyShardedBase& fsdp);
 
+// The elements of the global tensor `tensor.flat` holds, in order: its runs,
+// or the one run [begin, end).
+std::vector<FlatRun> global_runs(const HeldTensor& tensor);
+
 // "adamw", "adam", "sgd", or "none" for nullptr; throws for other optimizers.
 std::string optimizer_kind(const torch::optim::Optimizer* optimizer);
 

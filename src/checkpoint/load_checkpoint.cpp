@@ -13,6 +13,7 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -29,47 +30,81 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Reads element ranges of the checkpoint's tensors from the rank files
-// (only the bytes each range needs; each file's header parsed once).
+// Reads elements of the checkpoint's tensors from the rank files (only the
+// bytes each range needs; each file's header parsed once). A tensor's saved
+// ranges are listed when it is first read (a strided piece lists one range
+// per run) and sorted, so each wanted range finds its overlaps by binary search.
 class CheckpointReader {
  public:
   CheckpointReader(std::string dir, const CheckpointManifest& manifest) : dir_(std::move(dir)), manifest_(manifest) {
     for (size_t f = 0; f < manifest_.files.size(); ++f) {
-      for (const auto& piece : manifest_.files[f].pieces) index_[piece.name].push_back({f, piece.begin, piece.end});
+      for (const auto& piece : manifest_.files[f].pieces) pieces_of_[piece.name].push_back({f, &piece});
     }
     files_.resize(manifest_.files.size());
   }
 
   // Elements [begin, end) of the flattened tensor `name`, as a 1-D tensor.
   torch::Tensor read(const std::string& name, int64_t begin, int64_t end, torch::ScalarType dtype) {
-    auto out = torch::empty({end - begin}, dtype);
+    return read(name, {{begin, end - begin, 0, 1}}, dtype);
+  }
+
+  // The elements `runs` lists, in order, as a 1-D tensor.
+  torch::Tensor read(const std::string& name, const std::vector<FlatRun>& runs, torch::ScalarType dtype) {
+    const std::vector<Saved>& saved = ranges_of(name);
+    auto out = torch::empty({numel_of(runs)}, dtype);
     int64_t covered = 0;
-    for (const auto& saved : index_[name]) {
-      const int64_t lo = std::max(begin, saved.begin), hi = std::min(end, saved.end);
-      if (lo >= hi) continue;
-      // Elements [lo, hi) straight from the file: the piece starts at saved.begin.
-      const auto& source = file(saved.file);
-      if (source.numel(name) != saved.end - saved.begin) {
-        throw std::runtime_error(manifest_.files[saved.file].name + ": '" + name + "' has " +
-                                 std::to_string(source.numel(name)) + " elements, the manifest says " +
-                                 std::to_string(saved.end - saved.begin));
+    for_each_range(runs, [&](int64_t begin, int64_t end, int64_t position) {
+      // The first saved range that ends after `begin`; ranges do not overlap.
+      auto it = std::upper_bound(saved.begin(), saved.end(), begin,
+                                 [](int64_t value, const Saved& range) { return value < range.end; });
+      for (; it != saved.end() && it->begin < end; ++it) {
+        const int64_t lo = std::max(begin, it->begin), hi = std::min(end, it->end);
+        // Elements [lo, hi) straight from the file: the range starts at
+        // it->begin, at element it->offset of the file's entry.
+        file(it->file).read(name, it->offset + (lo - it->begin), out.narrow(0, position + (lo - begin), hi - lo));
+        covered += hi - lo;
       }
-      source.read(name, lo - saved.begin, out.narrow(0, lo - begin, hi - lo));
-      covered += hi - lo;
-    }
-    if (covered != end - begin) {
-      throw std::runtime_error(dir_ + ": the rank files hold " + std::to_string(covered) + " of elements [" +
-                               std::to_string(begin) + ", " + std::to_string(end) + ") of '" + name +
-                               "' (checkpoint incomplete or inconsistent)");
+    });
+    if (covered != out.numel()) {
+      throw std::runtime_error(dir_ + ": the rank files hold " + std::to_string(covered) + " of the " +
+                               std::to_string(out.numel()) + " elements of '" + name +
+                               "' this rank reads (checkpoint incomplete or inconsistent)");
     }
     return out;
   }
 
  private:
   struct Saved {
+    int64_t begin, end;  // elements of the flattened tensor
     size_t file;
-    int64_t begin, end;
+    int64_t offset;      // of `begin` in the file's entry
   };
+
+  const std::vector<Saved>& ranges_of(const std::string& name) {
+    if (name == listed_name_) return listed_;
+    listed_.clear();
+    listed_name_.clear();
+    std::map<size_t, int64_t> entry;  // per file: the elements its entry for `name` holds
+    for (const auto& [f, piece] : pieces_of_[name]) {
+      const int64_t length = piece->end - piece->begin;
+      for (int64_t k = 0; k < piece->count && length > 0; ++k) {
+        listed_.push_back({piece->begin + k * piece->stride, piece->end + k * piece->stride, f, piece->offset + k * length});
+      }
+      entry[f] += piece->numel();
+    }
+    // Each entry holds what its pieces say (verify_files checked the
+    // headers; this guards a reader used without it).
+    for (const auto& [f, elements] : entry) {
+      if (elements > 0 && file(f).numel(name) != elements) {
+        throw std::runtime_error(manifest_.files[f].name + ": '" + name + "' has " + std::to_string(file(f).numel(name)) +
+                                 " elements, the manifest says " + std::to_string(elements));
+      }
+    }
+    std::sort(listed_.begin(), listed_.end(), [](const Saved& a, const Saved& b) { return a.begin < b.begin; });
+    listed_name_ = name;
+    return listed_;
+  }
+
   const detail::RankFileReader& file(size_t f) {
     if (!files_[f]) {
       files_[f] = std::make_unique<detail::RankFileReader>((fs::path(dir_) / manifest_.files[f].name).string());
@@ -79,7 +114,9 @@ class CheckpointReader {
 
   std::string dir_;
   const CheckpointManifest& manifest_;
-  std::map<std::string, std::vector<Saved>> index_;
+  std::map<std::string, std::vector<std::pair<size_t, const CheckpointManifest::Piece*>>> pieces_of_;  // by tensor: (file, piece)
+  std::string listed_name_;      // the tensor listed_ describes
+  std::vector<Saved> listed_;
   std::vector<std::unique_ptr<detail::RankFileReader>> files_;
 };
 
@@ -180,13 +217,14 @@ CheckpointManifest load_held(const std::string& dir, const detail::HeldModel& he
     CheckpointReader reader(dir, manifest);
     for (size_t i = 0; i < held.tensors.size(); ++i) {
       const auto& tensor = held.tensors[i];
-      staged[i] = reader.read(tensor.name, tensor.begin, tensor.end, tensor.flat.scalar_type());
+      const auto runs = detail::global_runs(tensor);
+      staged[i] = reader.read(tensor.name, runs, tensor.flat.scalar_type());
       if (!optimizer || !tensor.parameter.defined()) continue;
       for (const auto& key : detail::optimizer_state_keys(kind)) {
         const auto name = detail::optimizer_state_name(tensor.name, key);
         if (!manifest.tensors.count(name)) continue;
         optimizer_values[i][key] = key == "step" ? reader.read(name, 0, 1, torch::kInt64)
-                                                 : reader.read(name, tensor.begin, tensor.end, tensor.flat.scalar_type());
+                                                 : reader.read(name, runs, tensor.flat.scalar_type());
       }
     }
   } catch (const std::exception& e) {

@@ -1,6 +1,7 @@
 // --init-from for a sharded model: each rank reads from the safetensors file
 // only the bytes of the pieces it holds (include/dtrain/checkpoint.h,
 // load_safetensors_into), so no rank ever holds the whole file.
+#include "checkpoint/held_state.h"
 #include "checkpoint/rank_file_reader.h"
 #include "checkpoint/state_fit.h"
 
@@ -18,12 +19,12 @@
 namespace dtrain {
 namespace {
 
-// One tensor this rank fills: elements [begin, begin + destination.numel())
-// of the flattened tensor `name` of full shape `shape`.
+// One tensor this rank fills: the elements `runs` lists of the flattened
+// tensor `name` of full shape `shape`, in order.
 struct Target {
   std::string name;
   std::vector<int64_t> shape;
-  int64_t begin = 0;
+  std::vector<FlatRun> runs;
   torch::Tensor destination;  // contiguous
 };
 
@@ -39,16 +40,11 @@ void check_fits(const detail::RankFileReader& reader, const std::vector<Target>&
 
 }  // namespace
 
-void load_safetensors_into(FullyShardedBase& fsdp, const std::string& path) {
+void load_safetensors_into(const HeldModel& held, const std::string& path) {
   torch::NoGradGuard no_grad;
   const detail::RankFileReader reader(path);
   std::vector<Target> targets;
-  for (const auto& shard : fsdp.parameter_shards()) {
-    targets.push_back({shard.name, shard.shape, shard.begin, shard.parameter});
-  }
-  for (const auto& item : fsdp.root_module()->named_buffers(true)) {
-    if (item.value().defined()) targets.push_back({item.key(), item.value().sizes().vec(), 0, item.value()});
-  }
+  for (const auto& tensor : held.tensors) targets.push_back({tensor.name, tensor.shape, detail::global_runs(tensor), tensor.flat});
   check_fits(reader, targets);
   std::map<std::string, torch::ScalarType> file_dtypes;
   for (const auto& entry : reader.header().tensors) file_dtypes[entry.name] = detail::torch_dtype_of(entry.dtype);
@@ -59,17 +55,23 @@ void load_safetensors_into(FullyShardedBase& fsdp, const std::string& path) {
     // A piece in another dtype is read into a buffer of its own size first.
     auto staging = direct ? target.destination
                           : torch::empty({target.destination.numel()}, target.destination.options().dtype(file_type));
-    reader.read(target.name, target.begin, staging);
+    for_each_range(target.runs, [&](int64_t begin, int64_t end, int64_t position) {
+      reader.read(target.name, begin, staging.narrow(0, position, end - begin));
+    });
     if (!direct) target.destination.copy_(staging.view(target.destination.sizes()));
   }
+}
+
+void load_safetensors_into(FullyShardedBase& fsdp, const std::string& path) {
+  load_safetensors_into(detail::held_by_fsdp(fsdp), path);
 }
 
 void check_safetensors_fits(const torch::nn::Module& module, const std::string& path) {
   const detail::RankFileReader reader(path);
   std::vector<Target> targets;
-  for (const auto& item : module.named_parameters(true)) targets.push_back({item.key(), item.value().sizes().vec(), 0, item.value()});
+  for (const auto& item : module.named_parameters(true)) targets.push_back({item.key(), item.value().sizes().vec(), {}, item.value()});
   for (const auto& item : module.named_buffers(true)) {
-    if (item.value().defined()) targets.push_back({item.key(), item.value().sizes().vec(), 0, item.value()});
+    if (item.value().defined()) targets.push_back({item.key(), item.value().sizes().vec(), {}, item.value()});
   }
   check_fits(reader, targets);
 }

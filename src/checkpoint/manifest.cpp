@@ -92,7 +92,15 @@ uint64_t from_hex(const std::string& text) {
 
 json file_json(const CheckpointManifest::File& file) {
   json pieces = json::array();
-  for (const auto& piece : file.pieces) pieces.push_back({piece.name, piece.begin, piece.end});
+  for (const auto& piece : file.pieces) {
+    // [name, begin, end]; a strided piece, or one after another of its tensor
+    // in the same file, adds [.., offset, stride, count].
+    if (piece.offset == 0 && piece.count == 1) {
+      pieces.push_back({piece.name, piece.begin, piece.end});
+    } else {
+      pieces.push_back({piece.name, piece.begin, piece.end, piece.offset, piece.stride, piece.count});
+    }
+  }
   return {{"name", file.name}, {"bytes", file.bytes}, {"xxh64", hex(file.xxh64)}, {"pieces", pieces}};
 }
 
@@ -105,8 +113,24 @@ CheckpointManifest::File file_from(const json& j) {
   file.bytes = integer(j.at("bytes"));
   file.xxh64 = from_hex(j.at("xxh64").get<std::string>());
   for (const auto& piece : j.at("pieces")) {
+    if (!piece.is_array() || (piece.size() != 3 && piece.size() != 6)) {
+      throw std::runtime_error("a piece is [name, begin, end] or [name, begin, end, offset, stride, count]");
+    }
     CheckpointManifest::Piece p{piece.at(0).get<std::string>(), integer(piece.at(1)), integer(piece.at(2))};
+    if (piece.size() == 6) {
+      p.offset = integer(piece.at(3));
+      p.stride = integer(piece.at(4));
+      p.count = integer(piece.at(5));
+    }
     if (p.begin < 0 || p.end < p.begin) throw std::runtime_error("piece of '" + p.name + "' has a bad range");
+    // Runs that stay apart (stride >= length), counted in elements that fit.
+    int64_t span = 0, elements = 0;
+    if (p.offset < 0 || p.count < 1 || (p.count > 1 && p.stride < p.end - p.begin) || (p.count == 1 && p.stride != 0) ||
+        __builtin_mul_overflow(p.count - 1, p.stride, &span) || __builtin_add_overflow(span, p.end, &span) ||
+        __builtin_mul_overflow(p.count, p.end - p.begin, &elements) ||
+        __builtin_add_overflow(p.offset, elements, &elements)) {
+      throw std::runtime_error("piece of '" + p.name + "' has a bad offset, stride or count");
+    }
     file.pieces.push_back(std::move(p));
   }
   return file;
@@ -130,21 +154,45 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// The most contiguous ranges one tensor's pieces may list: a row-parallel
+// weight's pieces list one per row and rank (a 16384-row weight at tp 8 has
+// 131072), and a hostile manifest of a few bytes must not make the check
+// below expand 2^60 of them (64 MiB of ranges at most).
+constexpr int64_t kMostRangesPerTensor = int64_t{1} << 22;
+
 // Every tensor's elements, overflow-checked, and its pieces over all files
 // covering [0, numel) exactly once: an overlap or a gap would hand the model
-// elements nobody wrote (issue 16). Checked before anything is allocated.
+// elements nobody wrote (issue 16). And within each file, the pieces of a
+// tensor lie one after another in its entry (offsets 0, n1, n1 + n2, ...).
+// Checked before anything is allocated.
 void check_pieces_cover_tensors(const CheckpointManifest& manifest) {
-  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ranges;
-  for (const auto& [name, tensor] : manifest.tensors) ranges[name];
+  std::map<std::string, std::vector<const CheckpointManifest::Piece*>> by_tensor;
+  for (const auto& [name, tensor] : manifest.tensors) by_tensor[name];
   for (const auto& file : manifest.files) {
     for (const auto& piece : file.pieces) {
-      auto it = ranges.find(piece.name);
-      if (it == ranges.end()) throw std::runtime_error(file.name + " holds unknown tensor '" + piece.name + "'");
-      if (piece.begin < piece.end) it->second.emplace_back(piece.begin, piece.end);
+      auto it = by_tensor.find(piece.name);
+      if (it == by_tensor.end()) throw std::runtime_error(file.name + " holds unknown tensor '" + piece.name + "'");
+      if (piece.begin < piece.end) it->second.push_back(&piece);
     }
   }
-  for (auto& [name, pieces] : ranges) {
+  for (auto& [name, listed] : by_tensor) {
     const int64_t numel = numel_of(manifest.tensors.at(name).shape);
+    int64_t listed_ranges = 0;
+    for (const auto* piece : listed) {
+      if (piece->count > kMostRangesPerTensor - listed_ranges) {
+        throw std::runtime_error("the pieces of '" + name + "' list more than " + std::to_string(kMostRangesPerTensor) +
+                                 " ranges");
+      }
+      listed_ranges += piece->count;
+    }
+    std::vector<std::pair<int64_t, int64_t>> pieces;
+    pieces.reserve(static_cast<size_t>(listed_ranges));
+    for (const auto* piece : listed) {
+      for (int64_t k = 0; k < piece->count; ++k) {
+        const int64_t first = piece->begin + k * piece->stride;  // no overflow: checked when parsing
+        pieces.emplace_back(first, first + piece->end - piece->begin);
+      }
+    }
     std::sort(pieces.begin(), pieces.end());
     int64_t covered = 0;
     for (const auto& [begin, end] : pieces) {
@@ -162,6 +210,19 @@ void check_pieces_cover_tensors(const CheckpointManifest& manifest) {
     if (covered < numel) {
       throw std::runtime_error("elements [" + std::to_string(covered) + ", " + std::to_string(numel) + ") of '" + name +
                                "' are in no piece");
+    }
+  }
+  for (const auto& file : manifest.files) {
+    std::map<std::string, int64_t> entry_end;  // of each tensor's pieces so far in this file
+    for (const auto& piece : file.pieces) {
+      if (piece.begin == piece.end) continue;
+      int64_t& end = entry_end[piece.name];
+      if (piece.offset != end) {
+        throw std::runtime_error(file.name + ": a piece of '" + piece.name + "' starts at element " +
+                                 std::to_string(piece.offset) + " of its entry, not " + std::to_string(end) +
+                                 " where the one before it ends");
+      }
+      end += piece.numel();  // no overflow: offset + numel was checked when parsing
     }
   }
 }
@@ -254,8 +315,8 @@ CheckpointManifest manifest_from_json(const std::string& text, const std::string
     if (j.at("format").get<std::string>() != "dtrain-sharded-checkpoint") throw std::runtime_error("not a dtrain checkpoint");
     CheckpointManifest manifest;
     manifest.format_version = small_integer(j.at("format_version"));
-    if (manifest.format_version != kCheckpointFormatVersion) {
-      throw std::runtime_error("format version " + std::to_string(manifest.format_version) + ", this dtrain reads " +
+    if (manifest.format_version < 1 || manifest.format_version > kCheckpointFormatVersion) {
+      throw std::runtime_error("format version " + std::to_string(manifest.format_version) + ", this dtrain reads 1 to " +
                                std::to_string(kCheckpointFormatVersion));
     }
     manifest.step = integer(j.at("step"));

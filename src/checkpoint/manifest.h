@@ -9,7 +9,9 @@
 
 namespace dtrain::detail {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+// 2: pieces may be strided, and a file may hold several pieces of one tensor
+// (tensor parallelism); version 1 manifests are read as they are.
+inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr const char* kManifestName = "manifest.json";
 
 // "rank-00001-of-00004.safetensors"

@@ -121,25 +121,25 @@ std::vector<std::string> rank_file_disagreements(const RankFileReader& reader, c
   std::vector<std::string> problems;
   std::map<std::string, const st::TensorEntry*> entries;
   for (const auto& entry : reader.header().tensors) entries[entry.name] = &entry;
-  std::set<std::string> listed;
-  for (const auto& piece : file.pieces) {
-    listed.insert(piece.name);
-    auto entry = entries.find(piece.name);
+  // A file's entry for a tensor holds its pieces one after another.
+  std::map<std::string, int64_t> listed;
+  for (const auto& piece : file.pieces) listed[piece.name] += piece.numel();
+  for (const auto& [name, elements] : listed) {
+    auto entry = entries.find(name);
     if (entry == entries.end()) {
-      problems.push_back(file.name + ": has no tensor '" + piece.name + "' although the manifest lists a piece of it");
+      problems.push_back(file.name + ": has no tensor '" + name + "' although the manifest lists a piece of it");
       continue;
     }
     const auto& saved = *entry->second;
-    auto tensor = tensors.find(piece.name);
+    auto tensor = tensors.find(name);
     const std::string dtype = tensor == tensors.end() ? "?" : tensor->second.dtype;
     if (dtype_name(torch_dtype_of(saved.dtype)) != dtype) {
-      problems.push_back(file.name + ": '" + piece.name + "' is stored as " + st::dtype_name(saved.dtype) +
+      problems.push_back(file.name + ": '" + name + "' is stored as " + st::dtype_name(saved.dtype) +
                          " but the manifest says " + dtype);
     }
-    if (static_cast<int64_t>(saved.numel()) != piece.end - piece.begin) {
-      problems.push_back(file.name + ": '" + piece.name + "' has " + std::to_string(saved.numel()) +
-                         " elements but the manifest's piece [" + std::to_string(piece.begin) + ", " +
-                         std::to_string(piece.end) + ") has " + std::to_string(piece.end - piece.begin));
+    if (static_cast<int64_t>(saved.numel()) != elements) {
+      problems.push_back(file.name + ": '" + name + "' has " + std::to_string(saved.numel()) +
+                         " elements but the manifest's pieces of it have " + std::to_string(elements));
     }
   }
   for (const auto& [name, entry] : entries) {

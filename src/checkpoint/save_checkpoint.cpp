@@ -61,12 +61,18 @@ void write_whole_file(const std::string& path, const std::string& text) {
   if (::fsync(fd) != 0 || ::close(fd) != 0) throw std::runtime_error(path + ": cannot flush to disk");
 }
 
-void add_piece(detail::RankFile& file, const std::string& name, const std::vector<int64_t>& shape, int64_t begin,
-               const torch::Tensor& piece) {
+// `piece` holds the elements `runs` lists, in order: one manifest piece per
+// run, each starting where the one before it ends in the file's entry.
+void add_piece(detail::RankFile& file, const std::string& name, const std::vector<int64_t>& shape,
+               const std::vector<FlatRun>& runs, const torch::Tensor& piece) {
   file.tensor_table[name] = {dtype_name(piece.scalar_type()), shape};
   if (piece.numel() == 0) return;
   file.tensors.emplace_back(name, piece);
-  file.record.pieces.push_back({name, begin, begin + piece.numel()});
+  int64_t offset = 0;
+  for (const FlatRun& run : runs) {
+    file.record.pieces.push_back({name, run.begin, run.begin + run.length, offset, run.stride, run.count});
+    offset += run.numel();
+  }
 }
 
 }  // namespace
@@ -76,9 +82,9 @@ namespace detail {
 RankFile rank_file_of(const HeldModel& held, torch::optim::Optimizer* optimizer) {
   RankFile file;
   for (const auto& tensor : held.tensors) {
-    const auto share = shard_range(tensor.end - tensor.begin, tensor.replicas, tensor.replica);
-    const int64_t begin = tensor.begin + share.offset;
-    add_piece(file, tensor.name, tensor.shape, begin, tensor.flat.narrow(0, share.offset, share.count));
+    const auto share = shard_range(tensor.flat.numel(), tensor.replicas, tensor.replica);
+    const auto runs = sub_runs(detail::global_runs(tensor), share.offset, share.offset + share.count);
+    add_piece(file, tensor.name, tensor.shape, runs, tensor.flat.narrow(0, share.offset, share.count));
     if (!optimizer || !tensor.parameter.defined()) continue;
     for (const auto& [key, value] : detail::optimizer_state_of(*optimizer, tensor.parameter)) {
       const auto name = detail::optimizer_state_name(tensor.name, key);
@@ -86,11 +92,12 @@ RankFile rank_file_of(const HeldModel& held, torch::optim::Optimizer* optimizer)
         // One copy: from the writer of the parameter's first element.
         int64_t numel = 1;
         for (int64_t d : tensor.shape) numel *= d;
-        const bool first = share.count > 0 ? begin == 0 : (numel == 0 && held.rank == 0);
+        const bool first = share.count > 0 ? std::any_of(runs.begin(), runs.end(), [](const FlatRun& r) { return r.begin == 0; })
+                                           : (numel == 0 && held.rank == 0);
         file.tensor_table[name] = {dtype_name(value.scalar_type()), {}};
-        if (first) add_piece(file, name, {}, 0, value);
+        if (first) add_piece(file, name, {}, {{0, 1, 0, 1}}, value);
       } else {
-        add_piece(file, name, tensor.shape, begin, value.narrow(0, share.offset, share.count));
+        add_piece(file, name, tensor.shape, runs, value.narrow(0, share.offset, share.count));
       }
     }
   }

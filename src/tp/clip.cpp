@@ -7,21 +7,6 @@
 
 namespace dtrain::tp {
 
-std::vector<std::string> split_parameter_names(const torch::nn::Module& root) {
-  std::vector<std::string> names;
-  for (const auto& item : root.named_modules()) {
-    const std::string prefix = item.key().empty() ? "" : item.key() + ".";
-    const torch::nn::Module& module = *item.value();
-    if (const auto* column = module.as<ColumnParallelLinear>()) {
-      names.push_back(prefix + "weight");
-      if (column->bias.defined()) names.push_back(prefix + "bias");
-    } else if (module.as<RowParallelLinear>() || module.as<VocabParallelEmbedding>()) {
-      names.push_back(prefix + "weight");  // a row layer's bias is replicated
-    }
-  }
-  return names;
-}
-
 double clip_grad_norm(const std::vector<torch::Tensor>& parameters, const std::vector<bool>& split, double max_norm,
                       Communicator* shards_across, Communicator& group) {
   if (parameters.size() != split.size())

@@ -178,12 +178,6 @@ void check_tensor_parallel_flags(const TrainConfig& c, int world_size) {
   if (!one_of(c.strategy, {"single", "ddp", "zero1", "zero2", "fsdp", "hsdp"}))
     fail(tp + " combines with --strategy single, ddp, zero1, zero2, fsdp or hsdp (over the dp groups), not " +
          c.strategy);
-  auto not_yet = [&](bool given, const std::string& flag) {
-    if (given) fail(tp + " does not work with " + flag + " yet (tensor-parallel checkpoints are to come)");
-  };
-  not_yet(!c.checkpoint_dir.empty(), "--checkpoint-dir");
-  not_yet(c.resume, "--resume");
-  not_yet(!c.init_from.empty(), "--init-from");
   if (c.compress != "none") fail(tp + " does not work with --compress " + c.compress + " yet");
   if (c.balance) fail(tp + " does not work with --balance (the tp ranks of a dp group share one batch part)");
 }

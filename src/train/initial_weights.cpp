@@ -23,7 +23,11 @@ void check_init_from(const TrainConfig& config) {
   if (config.init_from.empty()) return;
   // Deferred: the model's names, shapes and dtypes without its memory, and
   // only the file's header.
-  const train::Model model = train::build_model(config, /*deferred=*/true);
+  // The file holds the whole model, also under --tp: checked against the unsplit one.
+  TrainConfig whole = config;
+  whole.tp = 1;
+  whole.sequence_parallel = false;
+  const train::Model model = train::build_model(whole, /*deferred=*/true);
   try {
     check_safetensors_fits(*model.module, config.init_from);
   } catch (const std::runtime_error& error) {

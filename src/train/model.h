@@ -13,6 +13,10 @@
 #include <string>
 #include <vector>
 
+namespace dtrain {
+class DeviceMesh;
+}
+
 namespace dtrain::train {
 
 // A model as the trainer and the strategies see it, whatever its type: the
@@ -30,6 +34,8 @@ struct Model {
   // parameters that are slices (the others are replicated across it).
   CommPtr tp_group;
   std::vector<std::string> tp_split_names;
+  // --tp: the (dp, tp) mesh (the trainer's); checkpoints are the whole mesh's.
+  const DeviceMesh* mesh = nullptr;
   int64_t parameters = 0;      // of the whole model (all tensor-parallel slices)
   bool classification = true;  // mlp, cnn: logits [B,10]; gpt: logits [B,T,256] (under --tp: [B,T,256/tp])
 };

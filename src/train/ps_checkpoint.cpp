@@ -17,11 +17,11 @@ HeldModel held_base(const ps::Group& group, const std::string& strategy) {
 
 HeldTensor whole(const std::string& name, const torch::Tensor& tensor) {
   return {.name = name, .shape = tensor.sizes().vec(), .begin = 0, .end = tensor.numel(),
-          .flat = tensor.detach().view({-1}), .parameter = {}};
+          .flat = tensor.detach().view({-1}), .parameter = {}, .runs = {}};
 }
 
 HeldTensor empty_piece(const std::string& name, const torch::Tensor& tensor) {
-  return {.name = name, .shape = tensor.sizes().vec(), .flat = torch::empty({0}, tensor.options()), .parameter = {}};
+  return {.name = name, .shape = tensor.sizes().vec(), .flat = torch::empty({0}, tensor.options()), .parameter = {}, .runs = {}};
 }
 
 }  // namespace
@@ -55,7 +55,8 @@ HeldModel ps_server_held(torch::nn::Module& module, const ps::Group& group, cons
                             .begin = slice.begin,
                             .end = slice.end,
                             .flat = slice.values.detach(),
-                            .parameter = slice.values});
+                            .parameter = slice.values,
+                            .runs = {}});
     mine.insert(slice.index);
   }
   if (use == HeldFor::Loading) {

@@ -3,6 +3,7 @@
 #include "dtrain/comm_hooks.h"
 #include "dtrain/ddp.h"
 #include "dtrain/fsdp.h"
+#include "dtrain/mesh.h"
 #include "dtrain/strategy_table.h"
 #include "dtrain/tensor_parallel.h"
 #include "checkpoint/held_state.h"
@@ -45,6 +46,27 @@ double clip_tensor_parallel(const Model& model, const std::vector<std::pair<std:
   return tp::clip_grad_norm(parameters, is_split, max_norm, shards_across, *model.tp_group);
 }
 
+// Under --tp a checkpoint is the whole mesh's: every rank of the world
+// writes and reads its place in the global tensors (dtrain::held_on_mesh),
+// so that it loads on another mesh, strategy or world size.
+void save_on_mesh(const Model& model, const HeldModel& held, const std::string& dir, torch::optim::Optimizer& optimizer,
+                  int64_t step, const std::map<std::string, std::string>& extra) {
+  save_checkpoint(dir, held, &optimizer, step, model.mesh->world(), extra);
+}
+CheckpointManifest load_on_mesh(const Model& model, const HeldModel& held, const std::string& dir,
+                                torch::optim::Optimizer& optimizer) {
+  return load_checkpoint(dir, held, &optimizer, model.mesh->world());
+}
+
+// --init-from under --tp: each rank reads its slices of the whole model's file.
+void init_on_mesh(const HeldModel& held, const std::string& path) {
+  try {
+    load_safetensors_into(held, path);
+  } catch (const std::runtime_error& error) {
+    throw std::invalid_argument(std::string("--init-from: ") + error.what());
+  }
+}
+
 std::vector<std::pair<std::string, torch::Tensor>> named_parameters(const torch::nn::Module& module) {
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (const auto& item : module.named_parameters()) named.emplace_back(item.key(), item.value());
@@ -64,13 +86,20 @@ class SingleProcess final : public Strategy {
   }
   void save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step,
             const std::map<std::string, std::string>& extra) override {
+    if (model_.mesh) return save_on_mesh(model_, held(), dir, optimizer, step, extra);
     save_checkpoint(dir, *model_.module, &optimizer, step, nullptr, extra);
   }
   CheckpointManifest load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
+    if (model_.mesh) return load_on_mesh(model_, held(), dir, optimizer);
     return load_checkpoint(dir, *model_.module, &optimizer);
   }
-  HeldModel held() override { return detail::held_by_module(*model_.module, nullptr); }
-  void load_initial_weights(const std::string& path) override { train::load_initial_weights(*model_.module, path); }
+  HeldModel held() override {
+    return model_.mesh ? held_on_mesh(*model_.module, *model_.mesh) : detail::held_by_module(*model_.module, nullptr);
+  }
+  void load_initial_weights(const std::string& path) override {
+    if (model_.mesh) return init_on_mesh(held(), path);
+    train::load_initial_weights(*model_.module, path);
+  }
 
  private:
   Model& model_;
@@ -95,13 +124,20 @@ class DataParallel final : public Strategy {
   // Every replica is equal: each rank writes 1/world of it.
   void save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step,
             const std::map<std::string, std::string>& extra) override {
+    if (model_.mesh) return save_on_mesh(model_, held(), dir, optimizer, step, extra);
     save_checkpoint(dir, *model_.module, &optimizer, step, world_, extra);
   }
   CheckpointManifest load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
+    if (model_.mesh) return load_on_mesh(model_, held(), dir, optimizer);
     return load_checkpoint(dir, *model_.module, &optimizer, world_);
   }
-  HeldModel held() override { return detail::held_by_module(*model_.module, world_); }
-  void load_initial_weights(const std::string& path) override { train::load_initial_weights(*model_.module, path); }
+  HeldModel held() override {
+    return model_.mesh ? held_on_mesh(*model_.module, *model_.mesh) : detail::held_by_module(*model_.module, world_);
+  }
+  void load_initial_weights(const std::string& path) override {
+    if (model_.mesh) return init_on_mesh(held(), path);
+    train::load_initial_weights(*model_.module, path);
+  }
 
  private:
   Model& model_;
@@ -137,13 +173,16 @@ class FullySharded final : public Strategy {
   }
   void save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step,
             const std::map<std::string, std::string>& extra) override {
+    if (model_.mesh) return save_on_mesh(model_, held(), dir, optimizer, step, extra);
     save_checkpoint(dir, fsdp_, &optimizer, step, extra);
   }
   CheckpointManifest load(const std::string& dir, torch::optim::Optimizer& optimizer) override {
+    if (model_.mesh) return load_on_mesh(model_, held(), dir, optimizer);
     return load_checkpoint(dir, fsdp_, &optimizer);
   }
-  HeldModel held() override { return detail::held_by_fsdp(fsdp_); }
+  HeldModel held() override { return model_.mesh ? held_on_mesh(fsdp_, *model_.mesh) : detail::held_by_fsdp(fsdp_); }
   void load_initial_weights(const std::string& path) override {
+    if (model_.mesh) return init_on_mesh(held(), path);
     try {
       load_safetensors_into(fsdp_, path);
     } catch (const std::runtime_error& error) {

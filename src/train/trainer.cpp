@@ -170,6 +170,7 @@ void DataParallelRun::build() {
   memory::set_phase("construction of the model", train::construction_advice(config_, world_size_));
   torch::manual_seed(config_.seed);  // the same weights on every rank
   model_ = train::build_model(config_, deferred, mesh_ ? mesh_->comm("tp") : nullptr);
+  if (mesh_) model_.mesh = &*mesh_;
   strategy_ = train::wrap_model(
       model_, {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision,
                .fsdp_prefetch = config_.fsdp_prefetch, .fsdp_compress = config_.fsdp_compress},

@@ -557,8 +557,11 @@ TEST(CheckpointManifest, PiecesCoverEachTensorExactlyOnce) {
            R"(}},"files":[{"name":"rank-00000-of-00002.safetensors","bytes":8,"xxh64":"0123456789abcdef","pieces":[)" +
            pieces + R"(]},{"name":"rank-00001-of-00002.safetensors","bytes":8,"xxh64":"0123456789abcdef","pieces":[]}]})";
   };
-  EXPECT_NO_THROW(dtrain::detail::manifest_from_json(manifest("[4]", R"(["w",0,2],["w",2,4])"), "m"));
+  EXPECT_NO_THROW(dtrain::detail::manifest_from_json(manifest("[4]", R"(["w",0,2],["w",2,4,2,0,1])"), "m"));
   EXPECT_NO_THROW(dtrain::detail::manifest_from_json(manifest("[0]", ""), "m"));
+  // Format 2 (tensor parallelism): strided pieces, [name, begin, end, offset,
+  // stride, count]: columns 0-1 of a [2, 4] weight, then columns 2-3.
+  EXPECT_NO_THROW(dtrain::detail::manifest_from_json(manifest("[2, 4]", R"(["w",0,2,0,4,2],["w",2,4,4,4,2])"), "m"));
   const std::vector<std::pair<std::string, std::string>> cases = {
       {manifest("[4]", R"(["w",0,2],["w",1,4])"), "elements [1, 2) of 'w' are in more than one piece"},
       {manifest("[4]", R"(["w",0,2],["w",0,2],["w",2,4])"), "elements [0, 2) of 'w' are in more than one piece"},
@@ -567,6 +570,15 @@ TEST(CheckpointManifest, PiecesCoverEachTensorExactlyOnce) {
       {manifest("[4]", R"(["w",0,6])"), "pieces of 'w' run beyond its 4 elements"},
       {manifest("[2147483648, 2147483648]", ""), "elements [0, 4611686018427387904) of 'w' are in no piece"},
       {manifest("[4]", R"(["v",0,4])"), "holds unknown tensor 'v'"},
+      // Two pieces of one tensor in a file lie one after another in its entry.
+      {manifest("[4]", R"(["w",0,2],["w",2,4])"), "a piece of 'w' starts at element 0 of its entry, not 2"},
+      {manifest("[4]", R"(["w",0,2],["w",2,4,3,0,1])"), "a piece of 'w' starts at element 3 of its entry, not 2"},
+      {manifest("[2, 4]", R"(["w",0,2,0,4,2],["w",2,4,4,3,2])"), "elements [5, 6) of 'w' are in more than one piece"},
+      {manifest("[2, 4]", R"(["w",0,2,0,1,2])"), "piece of 'w' has a bad offset, stride or count"},
+      {manifest("[2, 4]", R"(["w",0,2,0,4,0])"), "piece of 'w' has a bad offset, stride or count"},
+      {manifest("[2, 4]", R"(["w",0,2,0,9223372036854775807,3])"), "piece of 'w' has a bad offset, stride or count"},
+      {manifest("[2, 4]", R"(["w",0,2,0])"), "a piece is [name, begin, end] or [name, begin, end, offset, stride, count]"},
+      {manifest("[1073741824, 1024]", R"(["w",0,1,0,2,1073741824])"), "list more than 4194304 ranges"},
   };
   for (const auto& [text, expected] : cases) {
     const std::string error = manifest_rejection(text);

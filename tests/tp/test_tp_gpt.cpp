@@ -4,7 +4,12 @@
 // the same initial numbers (bitwise slices), the same loss at every step
 // (1e-5), the same parameters at the end (FSDP equivalence tolerances:
 // 1e-4 under AdamW, 1e-6 under SGD with momentum; see
-// tests/fsdp/test_fsdp_equivalence.cpp for why AdamW needs more).
+// tests/fsdp/test_fsdp_equivalence.cpp for why AdamW needs more). And the
+// checkpoint each mesh saves (dtrain::held_on_mesh), read back whole on one
+// process, is the single-process model's checkpoint: every parameter and
+// optimizer state within the same tolerances, the step counts equal; loading
+// it on the same mesh restores every rank's pieces bitwise.
+#include <dtrain/checkpoint.h>
 #include <dtrain/ddp.h>
 #include <dtrain/fsdp.h>
 #include <dtrain/mesh.h>
@@ -18,7 +23,10 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -106,6 +114,60 @@ TEST(TPGPT, InitialWeightsAreSlicesOfThePlainGPT) {
 
 enum class Engine { DDP, FSDP };
 
+// A folder every rank names alike (rank 0's pid).
+std::string shared_folder(const std::string& what) {
+  auto pid = torch::tensor({world().rank() == 0 ? static_cast<int64_t>(::getpid()) : int64_t{0}});
+  world().blocking().all_reduce(pid, dtrain::ReduceOp::Sum);
+  return (std::filesystem::temp_directory_path() / ("dtrain-" + what + "-" + std::to_string(pid.item<int64_t>()))).string();
+}
+
+// Saves what this mesh holds and checks it against the single-process
+// model's own checkpoint (rank 0), then loads it back onto the mesh.
+void check_checkpoint(const std::string& where, const DeviceMesh& mesh, const dtrain::HeldModel& held,
+                      torch::optim::Optimizer& optimizer, models::GPT& plain, torch::optim::Optimizer& reference_optimizer,
+                      double tolerance) {
+  const std::string folder = shared_folder("tp-checkpoint");
+  dtrain::save_checkpoint(folder + "/mesh", held, &optimizer, kSteps, mesh.world());
+  if (world().rank() == 0) {
+    dtrain::save_checkpoint(folder + "/single", *plain, &reference_optimizer, kSteps);
+    const auto mine = dtrain::load_full_checkpoint(folder + "/mesh", /*optimizer_state=*/true);
+    const auto reference = dtrain::load_full_checkpoint(folder + "/single", /*optimizer_state=*/true);
+    EXPECT_EQ(mine.size(), reference.size()) << where << ": the same tensors as the single-process checkpoint";
+    double worst = 0;
+    std::string worst_name;
+    for (const auto& [name, value] : reference) {
+      auto it = mine.find(name);
+      if (it == mine.end() || !it->second.sizes().equals(value.sizes())) {
+        ADD_FAILURE() << where << ": the checkpoint lacks " << name << " or has another shape";
+        continue;
+      }
+      if (!value.is_floating_point()) {
+        EXPECT_TRUE(torch::equal(it->second, value)) << where << ": " << name;
+        continue;
+      }
+      const double difference = (it->second - value).abs().max().item<double>();
+      if (difference > worst) {
+        worst = difference;
+        worst_name = name;
+      }
+    }
+    EXPECT_LE(worst, tolerance) << where << ": checkpoint's largest difference in " << worst_name;
+    std::printf("%s: checkpoint within %.3g of the single-process one (%zu tensors)\n", where.c_str(), worst, mine.size());
+  }
+  // Back onto the same mesh: every piece as it was.
+  std::vector<torch::Tensor> saved;
+  for (const auto& tensor : held.tensors) {
+    saved.push_back(tensor.flat.clone());
+    tensor.flat.zero_();
+  }
+  dtrain::load_checkpoint(folder + "/mesh", held, &optimizer, mesh.world());
+  for (size_t i = 0; i < saved.size(); ++i) {
+    EXPECT_TRUE(torch::equal(held.tensors[i].flat, saved[i])) << where << ": " << held.tensors[i].name << " reloaded";
+  }
+  world().blocking().barrier();
+  if (world().rank() == 0) std::filesystem::remove_all(folder);
+}
+
 // Trains the plain GPT on one process and the TP GPT on the mesh; compares.
 void train_and_compare(int tp_size, Engine engine, bool sgd, bool sequence_parallel = false) {
   DeviceMesh mesh(world_ptr(), {{"dp", -1}, {"tp", tp_size}});
@@ -175,6 +237,10 @@ void train_and_compare(int tp_size, Engine engine, bool sgd, bool sequence_paral
   }
   EXPECT_LE(worst, sgd ? 1e-6 : 1e-4) << where << ": largest difference in " << worst_name;
   if (world().rank() == 0) std::printf("%s: parameters within %.3g of single-process training\n", where.c_str(), worst);
+
+  torch::NoGradGuard no_grad;
+  check_checkpoint(where, mesh, engine == Engine::DDP ? dtrain::held_on_mesh(*parallel, mesh) : dtrain::held_on_mesh(*fsdp, mesh),
+                   *optimizer, plain, *reference_optimizer, sgd ? 1e-6 : 1e-4);
 }
 
 TEST(TPGPT, EveryMeshAndEngineEqualsSingleProcessTraining) {

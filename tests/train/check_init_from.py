@@ -12,6 +12,8 @@
    before the model is sharded).
 3. A file that does not fit the model, or is not a safetensors file, exits 2
    before any rank starts, naming --init-from.
+4. The GPT's --seed 1 file loaded under --tp 2 (FSDP on a (2, 2) mesh, and
+   one replica on (1, 2)) reproduces the single-process --seed 1 losses.
 """
 
 import math
@@ -70,6 +72,18 @@ def main():
                        folder, "gpt0")[0]
         if abs(first - math.log(256)) > 1e-5:
             fail("the GPT with zero weights starts at loss %.7f, not ln(256) = %.7f" % (first, math.log(256)))
+
+        # 4. Tensor parallelism: each rank reads its slices of the whole
+        # model's file (--tp 2: FSDP over dp 2, and one replica over dp).
+        gpt_seed1 = os.path.join(folder, "gpt-seed1.safetensors")
+        save(helper, gpt_seed1, 1, "seeded", "gpt", 1, 32, 2, 32)
+        gpt = GPT + ["--shuffle", "false", "--steps", "4"]
+        reference = losses(dtrain, gpt + ["--strategy", "single", "--seed", "1"], folder, "gpt-seed1")
+        for mesh in (["--strategy", "fsdp", "--nproc", "4", "--tp", "2"], ["--strategy", "ddp", "--nproc", "2", "--tp", "2"]):
+            loaded = losses(dtrain, gpt + mesh + ["--seed", "2", "--init-from", gpt_seed1], folder, "gpt-tp")
+            print("check_init_from: GPT --seed 1: %s\n  %s --seed 2 --init-from: %s" % (reference, " ".join(mesh), loaded))
+            if len(loaded) != len(reference) or any(abs(a - b) > 1e-4 for a, b in zip(loaded, reference)):
+                fail("%s --init-from a --seed 1 file did not reproduce the --seed 1 losses" % " ".join(mesh))
 
         # 3. Files that do not fit: exit 2 before any rank starts.
         text = os.path.join(folder, "notes.safetensors")

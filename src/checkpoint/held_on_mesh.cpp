@@ -1,0 +1,62 @@
+// What a rank of a (dp, tp) mesh holds of the global tensors
+// (dtrain::held_on_mesh, include/dtrain/checkpoint.h): the view of its
+// data-parallel engine (DDP's replica or FSDP's shards, over the dp group),
+// with each tensor-parallel slice placed in its global tensor and the
+// replicated tensors counted as copies across the tp group too.
+#include "checkpoint/held_state.h"
+
+#include <dtrain/checkpoint.h>
+#include <dtrain/fsdp.h>
+#include <dtrain/mesh.h>
+#include <dtrain/tensor_parallel.h>
+
+#include <stdexcept>
+
+namespace dtrain {
+namespace {
+
+HeldModel place_on_mesh(HeldModel held, const torch::nn::Module& root, const DeviceMesh& mesh) {
+  if (!mesh.has("dp") || !mesh.has("tp") || mesh.dims().size() != 2) {
+    throw std::invalid_argument("held_on_mesh: the mesh " + mesh.describe() + " is not (dp, tp)");
+  }
+  const auto places = tp::parameter_places(root);
+  const int tp_rank = mesh.rank("tp"), tp_size = mesh.size("tp");
+  held.rank = mesh.world()->rank();
+  held.world_size = mesh.world()->size();
+  // The manifest names the data-parallel engine; one replica over dp (a
+  // single-process model split over tp) is laid out as DDP's.
+  if (held.strategy == "single" && held.world_size > 1) held.strategy = "ddp";
+  for (HeldTensor& tensor : held.tensors) {
+    auto place = places.find(tensor.name);
+    if (place == places.end()) {
+      // Replicated across the tp group as well: copy `replica` of the dp
+      // engine's copies, on each of the group's ranks.
+      tensor.replica = tensor.replica * tp_size + tp_rank;
+      tensor.replicas *= tp_size;
+      continue;
+    }
+    // The engine's elements [begin, end) of the local slice, in the global tensor.
+    int64_t local = 1;
+    for (int64_t d : tensor.shape) local *= d;
+    if (numel_of(place->second.runs) != local) {
+      throw std::runtime_error("held_on_mesh: '" + tensor.name + "' is " + c10::str(c10::IntArrayRef(tensor.shape)) +
+                               " on this rank, not the slice of " +
+                               c10::str(c10::IntArrayRef(place->second.global_shape)) + " its layer describes");
+    }
+    tensor.runs = sub_runs(place->second.runs, tensor.begin, tensor.end);
+    tensor.shape = place->second.global_shape;
+  }
+  return held;
+}
+
+}  // namespace
+
+HeldModel held_on_mesh(torch::nn::Module& module, const DeviceMesh& mesh) {
+  return place_on_mesh(detail::held_by_module(module, mesh.comm("dp")), module, mesh);
+}
+
+HeldModel held_on_mesh(FullyShardedBase& fsdp, const DeviceMesh& mesh) {
+  return place_on_mesh(detail::held_by_fsdp(fsdp), *fsdp.root_module(), mesh);
+}
+
+}  // namespace dtrain
