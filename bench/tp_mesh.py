@@ -14,6 +14,12 @@ whole on every rank of the group.
 With --sequence-parallel the tp > 1 runs also split those replicated
 activations along the sequence (dtrain train --sequence-parallel).
 
+Next to each measurement: `dtrain plan` for the same flags and mesh (its
+training step's peak against the measured step peak, the final metrics'
+step_peak_bytes, the largest rank's), and the bytes the plan says each
+dimension sends per step (dp: FSDP's gathers and reductions over the dp
+group; tp: the activations' collectives over the tp group).
+
     bench/tp_mesh.py [--nproc N] [--rounds R] [--sequence-parallel] [--json OUT] DTRAIN -- TRAIN_ARGS...
 """
 
@@ -36,7 +42,27 @@ def run(dtrain, args, metrics):
     tokens = [r["tokens_per_s"] for r in records if "tokens_per_s" in r and not r.get("final")]
     final = records[-1]
     return {"step_time_s": steps[2:], "tokens_per_s": tokens[2:], "peak_bytes_per_rank": final["peak_memory_bytes_per_rank"],
-            "construction_peak_bytes": final["construction_peak_bytes"], "mesh": final["mesh"]}
+            "construction_peak_bytes": final["construction_peak_bytes"], "step_peak_bytes": final["step_peak_bytes"],
+            "mesh": final["mesh"]}
+
+
+# The flags of `dtrain train` that `dtrain plan` takes too (each with a value).
+PLAN_FLAGS = {"--model", "--gpt-layers", "--gpt-dim", "--gpt-heads", "--seq-len", "--strategy", "--batch-size",
+              "--mixed-precision", "--optimizer", "--momentum"}
+
+
+def plan(dtrain, train_args, nproc, tp, sequence_parallel):
+    args = []
+    for i, flag in enumerate(train_args[:-1]):
+        if flag in PLAN_FLAGS:
+            args += [flag, train_args[i + 1]]
+    command = [dtrain, "plan"] + args + ["--nproc", str(nproc), "--tp", str(tp), "--json"]
+    if sequence_parallel:
+        command.append("--sequence-parallel")
+    result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+    tp_sent = sum(c["wire_bytes"] for c in result["collectives"] if "tensor parallel" in c["what"])
+    return {"step_peak_bytes": result["step_peak_bytes"], "construction_peak_bytes": result["construction_peak_bytes"],
+            "dp_wire_bytes": result["wire_bytes_per_step"] - tp_sent, "tp_wire_bytes": tp_sent}
 
 
 def main():
@@ -63,8 +89,9 @@ def main():
     summary = {"nproc": args.nproc, "args": train_args, "rounds": args.rounds,
                "sequence_parallel": args.sequence_parallel, "load_average_before": load_before,
                "load_average_after": os.getloadavg()[0], "seconds": time.time() - start, "meshes": []}
-    print(f"\n| mesh (dp, tp) | peak memory per rank | start peak | median step | tokens/s |")
-    print("|---|---:|---:|---:|---:|")
+    print(f"\n| mesh (dp, tp) | peak memory per rank | start peak | median step | tokens/s | step peak: measured / dtrain plan "
+          f"| plan: sent per step, dp / tp |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for tp in meshes:
         runs = results[tp]
         steps = [s for r in runs for s in r["step_time_s"]]
@@ -74,9 +101,15 @@ def main():
         row = {"dp": args.nproc // tp, "tp": tp, "peak_bytes_per_rank_max": peak, "construction_peak_bytes": start_peak,
                "step_time_s_median": statistics.median(steps), "tokens_per_s_median": statistics.median(tokens),
                "peak_bytes_per_rank": [r["peak_bytes_per_rank"] for r in runs]}
+        planned = plan(args.dtrain, train_args, args.nproc, tp, args.sequence_parallel and tp > 1)
+        step_peak = max(r["step_peak_bytes"] for r in runs)
+        row.update({"step_peak_bytes": step_peak, "plan": planned,
+                    "step_peak_over_plan": step_peak / planned["step_peak_bytes"]})
         summary["meshes"].append(row)
         print(f"| ({row['dp']}, {tp}) | {peak / 2**20:.1f} MiB | {start_peak / 2**20:.1f} MiB | "
-              f"{row['step_time_s_median']:.3f} s | {row['tokens_per_s_median']:.0f} |")
+              f"{row['step_time_s_median']:.3f} s | {row['tokens_per_s_median']:.0f} | "
+              f"{step_peak / 2**20:.1f} / {planned['step_peak_bytes'] / 2**20:.1f} MiB ({row['step_peak_over_plan']:.3f}) | "
+              f"{planned['dp_wire_bytes'] / 2**20:.1f} / {planned['tp_wire_bytes'] / 2**20:.1f} MiB |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

@@ -45,35 +45,48 @@ nlohmann::json to_json(const plan::MemoryBreakdown& m) {
 
 struct Resolved {
   plan::ModelSpec model;
-  plan::PlanOptions options;
+  plan::PlanOptions options;  // over the data-parallel ranks (nproc / tp)
   int64_t global_batch = 0;
   std::string optimizer;
+  int nproc = 1, tp = 1;
+  int rank = 0;               // in the world
 };
 
 Resolved resolve(const PlanFlags& f) {
   Resolved r;
   const bool gpt = f.model == "gpt";
+  r.nproc = f.nproc;
+  r.tp = f.tp;
+  r.rank = f.rank;
+  if (f.tp > 1 && !gpt) throw std::invalid_argument("--tp " + std::to_string(f.tp) + " splits the GPT's blocks: it needs --model gpt");
+  if (f.nproc % f.tp != 0)
+    throw std::invalid_argument("--tp " + std::to_string(f.tp) + " does not divide --nproc " + std::to_string(f.nproc) +
+                                " (the mesh is dp = nproc / tp by tp)");
+  if (f.sequence_parallel && f.tp == 1)
+    throw std::invalid_argument("--sequence-parallel splits tensor parallelism's activations along the sequence: it needs --tp N");
+  // The engine runs over the dp ranks; the tp ranks of one dp group share its batch part.
+  const int dp = f.nproc / f.tp;
   r.global_batch = f.batch_size > 0 ? f.batch_size : (gpt ? 32 : 128);
-  if (r.global_batch < f.nproc)
+  if (r.global_batch < dp)
     throw std::invalid_argument("--batch-size " + std::to_string(r.global_batch) +
-                                " is the global batch and must be at least --nproc (" + std::to_string(f.nproc) +
-                                ": every rank needs a sample)");
+                                " is the global batch and must be at least --nproc (" + std::to_string(dp) +
+                                (f.tp > 1 ? " dp groups" : "") + ": every rank needs a sample)");
   // DistributedSampler: the first B % N ranks get one sample more; plan the busiest.
-  const int64_t per_rank = (r.global_batch + f.nproc - 1) / f.nproc;
+  const int64_t per_rank = (r.global_batch + dp - 1) / dp;
 
   plan::set_strategy(r.options, f.strategy);
-  r.options.world_size = f.nproc;
+  r.options.world_size = dp;
   if (f.rank >= f.nproc)
     throw std::invalid_argument("--rank " + std::to_string(f.rank) + " is outside --nproc " + std::to_string(f.nproc) +
                                 " (ranks are 0.." + std::to_string(f.nproc - 1) + ")");
-  r.options.rank = f.rank;
+  r.options.rank = f.rank / f.tp;  // its coordinate along dp (tp innermost)
   if (strategy_info(f.strategy).sharding == Sharding::Hybrid) {
     if (f.hybrid_group_size == 0)
       throw std::invalid_argument("--strategy hsdp needs --hybrid-group-size G: ranks per sharding group, "
                                   "a divisor of --nproc");
-    if (f.nproc % f.hybrid_group_size != 0)
+    if (dp % f.hybrid_group_size != 0)
       throw std::invalid_argument("--hybrid-group-size " + std::to_string(f.hybrid_group_size) +
-                                  " must divide --nproc " + std::to_string(f.nproc));
+                                  " must divide --nproc " + std::to_string(dp) + (f.tp > 1 ? " / --tp" : ""));
     r.options.fsdp.hybrid_group_size = f.hybrid_group_size;
   } else if (f.hybrid_group_size != 0) {
     throw std::invalid_argument("--hybrid-group-size applies to --strategy hsdp only, not " + f.strategy);
@@ -116,7 +129,8 @@ Resolved resolve(const PlanFlags& f) {
   gpt_config.n_embd = f.gpt_dim;
   gpt_config.n_head = f.gpt_heads;
   gpt_config.seq_len = f.seq_len;
-  r.model = plan::describe_model(f.model, gpt_config, f.mlp_hidden, per_rank, compute);
+  r.model = f.tp > 1 ? plan::describe_tp_gpt(gpt_config, per_rank, compute, f.tp, f.sequence_parallel)
+                      : plan::describe_model(f.model, gpt_config, f.mlp_hidden, per_rank, compute);
   return r;
 }
 
@@ -126,13 +140,14 @@ void print(const Resolved& r, const plan::Plan& p) {
   std::printf("  %.2fM parameters in %zu unit(s)%s\n", model.parameter_count() / 1e6, model.units.size(),
               model.units.size() == 1 ? " (the whole model is the root unit)" : " (the root and one per block)");
   const bool ddp = p.strategy == "ddp";
-  std::printf("  strategy %s, %d rank(s)", p.strategy.c_str(), p.world_size);
+  std::printf("  strategy %s, %d rank(s)", p.strategy.c_str(), r.nproc);
+  if (r.tp > 1) std::printf(", mesh (dp=%d, tp=%d): %s over dp", p.world_size, r.tp, p.strategy.c_str());
   if (!ddp) std::printf(", shard group %d", p.shard_group_size);
   std::printf(", batch %lld per rank (global %lld), %s, %s\n", static_cast<long long>(model.batch_per_rank),
               static_cast<long long>(r.global_batch),
               r.options.fsdp.mixed_precision.param_dtype == torch::kBFloat16 ? "bf16 compute" : "fp32", r.optimizer.c_str());
 
-  std::printf("\nPeak memory of rank %d: %s (the larger of the start's and a step's)\n", p.rank,
+  std::printf("\nPeak memory of rank %d: %s (the larger of the start's and a step's)\n", r.rank,
               human(p.overall_peak_bytes()).c_str());
   std::printf("  start (construction%s): %s, at %s\n", r.options.init_from ? ", --init-from" : "",
               human(p.construction.total()).c_str(), p.construction_moment.c_str());
@@ -157,11 +172,18 @@ void print(const Resolved& r, const plan::Plan& p) {
   std::printf("\n");
 
   std::printf("\nCommunication per step (rank %d): %s handed to collectives, about %s sent (ring algorithms)\n",
-              p.rank, human(p.payload_bytes_per_step).c_str(), human(p.wire_bytes_per_step).c_str());
+              r.rank, human(p.payload_bytes_per_step).c_str(), human(p.wire_bytes_per_step).c_str());
   if (r.options.fsdp.compression != CollectiveCompression{})
     std::printf("  compressed (--fsdp-compress %s): the byte counts below are the compressed records; the memory "
                 "above does not count the records' buffers\n",
                 to_string(r.options.fsdp.compression).c_str());
+  if (r.tp > 1) {
+    int64_t tp_sent = 0;
+    for (const auto& c : p.collectives)
+      if (c.what.find("tensor parallel") != std::string::npos) tp_sent += c.wire_bytes;
+    std::printf("  by dimension: dp (groups of %d) sends %s, tp (groups of %d) %s\n", p.world_size,
+                human(p.wire_bytes_per_step - tp_sent).c_str(), r.tp, human(tp_sent).c_str());
+  }
   for (const auto& c : p.collectives) {
     std::printf("  %-15s %-33s group %-3d %4lld calls %12s  sent %12s\n", c.op.c_str(), c.what.c_str(), c.group_size,
                 static_cast<long long>(c.calls), human(c.payload_bytes).c_str(), human(c.wire_bytes).c_str());
@@ -180,9 +202,10 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
   return {{"model", r.model.description},
           {"parameters", r.model.parameter_count()},
           {"strategy", p.strategy},
-          {"nproc", p.world_size},
+          {"nproc", r.nproc},
+          {"mesh", {{"dp", p.world_size}, {"tp", r.tp}}},
           {"shard_group_size", p.shard_group_size},
-          {"rank", p.rank},
+          {"rank", r.rank},
           {"batch_size", r.global_batch},
           {"batch_per_rank", r.model.batch_per_rank},
           {"mixed_precision", r.options.fsdp.mixed_precision.param_dtype == torch::kBFloat16 ? "bf16" : "none"},
@@ -254,6 +277,9 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
       ->check(at_least(1))->capture_default_str();
   cmd->add_option("--rank", f.rank, "The rank to plan (rank 0 holds the most; the last ranks hold the padding)")
       ->check(at_least(0))->capture_default_str();
+  cmd->add_option("--tp", f.tp, "Tensor parallelism (gpt): the (dp, tp) mesh as dtrain train --tp builds it; --strategy runs over dp")
+      ->check(at_least(1))->capture_default_str();
+  cmd->add_flag("--sequence-parallel", f.sequence_parallel, "With --tp: activations outside attention and the MLP split along the sequence");
   cmd->add_flag("--json", f.json, "Print the plan as JSON");
   return cmd;
 }

@@ -36,6 +36,8 @@ struct PlanFlags {
   std::string init_from;  // --init-from: the weights come from this safetensors file (only its presence matters)
   bool checkpoint_async = false;  // dtrain train --checkpoint-async: its staging buffer
   int rank = 0;
+  int tp = 1;                     // dtrain train --tp: the (dp, tp) mesh, dp = nproc / tp
+  bool sequence_parallel = false;
   bool json = false;
 };
 

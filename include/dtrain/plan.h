@@ -59,6 +59,18 @@ struct UnitSpec {
   int64_t numel() const;
 };
 
+// One kind of collective in one step.
+struct Collective {
+  std::string op;    // all_gather | reduce_scatter | all_reduce | broadcast
+  std::string what;  // "parameters, forward", ...
+  int group_size = 1;
+  int64_t calls = 0;
+  int64_t payload_bytes = 0;  // the buffers' size: the full tensor for all-gather / reduce-scatter / all-reduce
+  // What this rank sends with ring algorithms: (G-1)/G of the payload for
+  // all-gather and reduce-scatter, 2(G-1)/G for all-reduce.
+  int64_t wire_bytes = 0;
+};
+
 struct ModelSpec {
   std::string description;       // e.g. "gpt: 14 layers, dim 768, 12 heads, seq_len 64, vocab 256"
   std::vector<UnitSpec> units;   // units[0] is the root, then the others in forward order
@@ -72,6 +84,13 @@ struct ModelSpec {
   int64_t output_bytes = 0;      // the root's output, held by the caller until the step ends
   int64_t loss_bytes = 0;        // saved by the loss for backward (log-softmax)
   int64_t buffer_bytes = 0;      // module buffers (BatchNorm statistics), replicated on every rank
+  // Collectives the model itself issues per step (tensor parallelism's
+  // activations over the tp group; payload over all calls, wire bytes left
+  // for make_plan), beside the engine's over the data-parallel ranks.
+  std::vector<Collective> collectives;
+  // Tensor parallelism: the model is one rank's slice of a model `tensor_parallel` times
+  // larger (parameter_count() counts the slice).
+  int tensor_parallel = 1;
 
   int64_t parameter_count() const;
 };
@@ -80,6 +99,16 @@ struct ModelSpec {
 // and each block (a dtrain::Sharded<GPTBlock>) is a unit. Activations for
 // batch_per_rank windows of config.seq_len tokens computed in compute_dtype.
 ModelSpec describe_gpt(const models::GPTConfig& config, int64_t batch_per_rank, torch::ScalarType compute_dtype);
+// One rank's slice of models::TPGPT on a tensor-parallel group of `tp`
+// ranks (include/dtrain/tp_gpt.h): the same units with the sliced
+// parameters' local sizes, activations for batch_per_rank windows (the
+// replicated ones whole, or split along the sequence with
+// `sequence_parallel`), and the group's activation collectives per step.
+// Plan it with make_plan at world_size = the data-parallel size. tp = 1 is
+// describe_gpt. Throws std::invalid_argument when tp does not divide the
+// heads or the vocabulary (or, with sequence_parallel, seq_len).
+ModelSpec describe_tp_gpt(const models::GPTConfig& config, int64_t batch_per_rank, torch::ScalarType compute_dtype,
+                          int tp, bool sequence_parallel = false);
 // MLP and CNN as dtrain::models builds them. Their root module is not a
 // torch::nn::Sequential and holds no Sharded<> children, so under the default
 // wrap policy the whole model is one unit: the root.
@@ -144,18 +173,6 @@ struct UnitPlan {
   int64_t padded_numel = 0;  // a multiple of the sharding group size
   int64_t shard_numel = 0;
   int64_t gathered_bytes = 0;  // its full parameters in the compute dtype (0 when never gathered)
-};
-
-// One kind of collective in one step.
-struct Collective {
-  std::string op;    // all_gather | reduce_scatter | all_reduce | broadcast
-  std::string what;  // "parameters, forward", ...
-  int group_size = 1;
-  int64_t calls = 0;
-  int64_t payload_bytes = 0;  // the buffers' size: the full tensor for all-gather / reduce-scatter / all-reduce
-  // What this rank sends with ring algorithms: (G-1)/G of the payload for
-  // all-gather and reduce-scatter, 2(G-1)/G for all-reduce.
-  int64_t wire_bytes = 0;
 };
 
 struct Plan {

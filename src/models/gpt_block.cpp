@@ -1,6 +1,6 @@
 #include "dtrain/models.h"
 
-#include <ATen/ops/scaled_dot_product_attention.h>
+#include <dtrain/attention.h>
 
 #include <vector>
 
@@ -26,7 +26,8 @@ torch::Tensor GPTBlockImpl::forward(torch::Tensor x) {
   auto qkv = qkv_->forward(ln_1_->forward(x)).view({B, T, 3, n_head_, C / n_head_}).permute({2, 0, 3, 1, 4});
   // is_causal: position t attends to positions <= t only, which is what
   // makes the logits at t independent of later tokens.
-  auto y = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{}, dropout, /*is_causal=*/true);
+  // With dropout, the weights' mask is drawn as TPGPT draws it (dtrain/attention.h).
+  auto y = causal_attention(qkv[0], qkv[1], qkv[2], dropout, n_head_, 0);
   y = y.transpose(1, 2).reshape({B, T, C});
   x = x + torch::dropout(attn_proj_->forward(y), dropout, is_training());
 

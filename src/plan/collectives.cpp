@@ -102,6 +102,11 @@ void count_collectives(const ModelSpec& model, const Layout& layout, const FSDPO
       }
     }
   }
+  // The model's own (tensor parallelism's), over its group.
+  for (Collective c : model.collectives) {
+    c.wire_bytes = wire(c.op, c.group_size, c.payload_bytes);
+    plan.collectives.push_back(c);
+  }
   for (const auto& c : plan.collectives) {
     plan.payload_bytes_per_step += c.payload_bytes;
     plan.wire_bytes_per_step += c.wire_bytes;

@@ -1,7 +1,7 @@
 // GPT with tensor-parallel blocks (dtrain/tp_gpt.h).
 #include "dtrain/tp_gpt.h"
 
-#include <ATen/ops/scaled_dot_product_attention.h>
+#include <dtrain/attention.h>
 
 #include <stdexcept>
 #include <string>
@@ -41,7 +41,10 @@ torch::Tensor TPGPTBlockImpl::attention(const torch::Tensor& h, int64_t B, int64
   const int64_t local_C = qkv_->weight.size(0) / 3;  // this rank's heads x head_dim
   // [B,T,3*local_C] -> q, k, v [B,local_heads,T,head_dim].
   auto qkv = h.view({B, T, 3, local_heads_, local_C / local_heads_}).permute({2, 0, 3, 1, 4});
-  auto y = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{}, dropout, /*is_causal=*/true);
+  // With dropout, the mask of every head is drawn and this rank's heads' part
+  // applied: the same weights dropped as in models::GPT (dtrain/attention.h).
+  auto y = models::causal_attention(qkv[0], qkv[1], qkv[2], dropout, local_heads_ * group_->size(),
+                                    group_->rank() * local_heads_);
   return y.transpose(1, 2).reshape({B, T, local_C});
 }
 
@@ -60,10 +63,14 @@ torch::Tensor TPGPTBlockImpl::forward(torch::Tensor x) {
   }
   // x: this rank's sequence slice [B,T/tp,C]; attention and the MLP see whole sequences.
   const int64_t B = x.size(0), T = x.size(1) * group_->size();
+  // Dropout on the sequence slice: the whole [B,T,C] mask drawn, this slice's part applied.
+  const std::vector<int64_t> whole{B, T, x.size(2)};
+  const int64_t first = group_->rank() * x.size(1);
   auto h = qkv_->forward_gathered(tp::gather_sequence(slice_norm(ln_1_, x), group_));
-  x = x + torch::dropout(attn_proj_->forward_sequence_parallel(attention(h, B, T)), dropout_, training);
+  x = x + models::dropout_of_slice(attn_proj_->forward_sequence_parallel(attention(h, B, T)), dropout_, training, whole,
+                                   1, first);
   h = torch::gelu(mlp_fc_->forward_gathered(tp::gather_sequence(slice_norm(ln_2_, x), group_)));
-  return x + torch::dropout(mlp_proj_->forward_sequence_parallel(h), dropout_, training);
+  return x + models::dropout_of_slice(mlp_proj_->forward_sequence_parallel(h), dropout_, training, whole, 1, first);
 }
 
 TPGPTImpl::TPGPTImpl(const GPTConfig& config, CommPtr group, bool sequence_parallel)
@@ -131,7 +138,7 @@ torch::Tensor TPGPTImpl::forward_sequence_parallel(const torch::Tensor& tokens) 
   // copy_to_group: each rank sees only its positions).
   auto x = tp::reduce_scatter_sequence(wte_->partial(tokens), group_) +
            torch::embedding(tp::copy_to_group(wpe_->weight, group_), positions);
-  x = torch::dropout(x, config_.dropout, is_training());
+  x = models::dropout_of_slice(x, config_.dropout, is_training(), {tokens.size(0), T, config_.n_embd}, 1, first);
   for (auto& block : block_calls_) x = block(x);
   x = torch::layer_norm(x, ln_f_->options.normalized_shape(), tp::copy_to_group(ln_f_->weight, group_),
                         tp::copy_to_group(ln_f_->bias, group_), ln_f_->options.eps());

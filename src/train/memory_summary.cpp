@@ -12,22 +12,26 @@
 namespace dtrain::train {
 
 plan::Plan plan_for(const TrainConfig& config, const std::string& strategy, int world_size) {
+  // Under --tp the engine runs over the dp groups; each rank holds its tp slice.
+  const int dp = world_size / std::max(config.tp, 1);
   plan::PlanOptions options;
   plan::set_strategy(options, strategy);
   const bool sharded = strategy_info(strategy).engine == StrategyEngine::FSDP;
   if (sharded) {
     options.fsdp = fsdp_options({.name = strategy, .compress = "none", .mixed_precision = config.mixed_precision,
                                  .fsdp_compress = config.fsdp_compress},
-                                world_size);
+                                dp);
   }
-  options.world_size = world_size;
+  options.world_size = dp;
   options.rank = 0;
   options.optimizer = plan::optimizer_from(config.optimizer, config.momentum);
   options.init_from = !config.init_from.empty();
   options.checkpoint_async = config.checkpoint_async;
-  const int64_t batch_per_rank = (config.batch_size + world_size - 1) / world_size;
+  const int64_t batch_per_rank = (config.batch_size + dp - 1) / dp;
   const auto compute = sharded ? options.fsdp.mixed_precision.param_dtype : torch::kFloat32;
-  const auto model = plan::describe_model(config.model, gpt_config(config), config.mlp_hidden, batch_per_rank, compute);
+  const auto model =
+      config.tp > 1 ? plan::describe_tp_gpt(gpt_config(config), batch_per_rank, compute, config.tp, config.sequence_parallel)
+                    : plan::describe_model(config.model, gpt_config(config), config.mlp_hidden, batch_per_rank, compute);
   return plan::make_plan(model, options);
 }
 
@@ -58,7 +62,6 @@ std::string step_advice(const TrainConfig& config) {
 std::optional<std::string> memory_summary(const TrainConfig& config, int world_size, const TrainResult& result) {
   if (strategy_info(config.strategy).engine != StrategyEngine::FSDP || result.peak_memory_bytes_per_rank.empty())
     return std::nullopt;
-  if (config.tp > 1) return std::nullopt;  // dtrain plan does not describe (dp, tp) meshes yet
   try {
     const plan::Plan planned = plan_for(config, config.strategy, world_size);
     const int64_t ddp = plan_for(config, "ddp", world_size).overall_peak_bytes();

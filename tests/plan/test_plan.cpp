@@ -3,6 +3,8 @@
 // the tracking allocator measures on the same run. Runs on 1 and 2 ranks.
 #include <dtrain/ddp.h>
 #include <dtrain/fsdp.h>
+#include <dtrain/mesh.h>
+#include <dtrain/tp_gpt.h>
 #include <dtrain/deferred_init.h>
 #include <dtrain/memory.h>
 #include <dtrain/models.h>
@@ -200,6 +202,83 @@ TEST(Measured, PeakMatchesThePlanForEveryStrategy) {
     EXPECT_NEAR(ratio, 1.0, 0.05) << strategy << " on " << world().size() << " rank(s): measured " << measured
                                   << " bytes, planned " << predicted.peak.total() << " at "
                                   << predicted.peak_moment;
+  }
+}
+
+// Tensor parallelism (issue 20, item 6): the tensor-parallel GPT on every
+// (dp, tp) mesh of the world, DDP or FSDP over dp, with and without sequence
+// parallelism, against describe_tp_gpt planned at world size dp. Its units
+// are the ones FSDP builds from TPGPT.
+TEST(Measured, TensorParallelPeakMatchesThePlan) {
+  dtrain::memory::install_tracking_allocator();
+  dtrain::models::GPTConfig config;
+  config.n_layer = 3;
+  config.n_embd = 128;
+  config.n_head = 4;
+  config.seq_len = 32;
+  constexpr int64_t kBatch = 2;  // per dp rank
+  for (int tp = 1; tp <= world().size(); ++tp) {
+    if (world().size() % tp != 0) continue;
+    const dtrain::DeviceMesh mesh(world_ptr(), {{"dp", -1}, {"tp", tp}});
+    for (const bool sequence_parallel : {false, true}) {
+      if (sequence_parallel && tp == 1) continue;
+      const auto spec = plan::describe_tp_gpt(config, kBatch, torch::kFloat32, tp, sequence_parallel);
+      for (const std::string strategy : {"ddp", "fsdp"}) {
+        world().barrier()->wait();
+        const int64_t before = dtrain::memory::live_bytes();
+        int64_t measured = 0;
+        {
+          torch::manual_seed(0);
+          dtrain::models::TPGPT model{nullptr};
+          std::unique_ptr<dtrain::DistributedDataParallel<dtrain::models::TPGPT>> ddp;
+          std::unique_ptr<dtrain::FullyShardedDataParallel<dtrain::models::TPGPT>> fsdp;
+          if (strategy == "ddp") {
+            model = dtrain::models::TPGPT(config, mesh.comm("tp"), sequence_parallel);
+            ddp = std::make_unique<dtrain::DistributedDataParallel<dtrain::models::TPGPT>>(model, mesh.comm("dp"));
+          } else {
+            {
+              dtrain::DeferredConstruction deferred;
+              model = dtrain::models::TPGPT(config, mesh.comm("tp"), sequence_parallel);
+            }
+            fsdp = std::make_unique<dtrain::FullyShardedDataParallel<dtrain::models::TPGPT>>(model, mesh.comm("dp"));
+            if (world().rank() == 0) {
+              const auto units = fsdp->units();
+              ASSERT_EQ(units.size(), spec.units.size());
+              for (size_t u = 0; u < units.size(); ++u)
+                EXPECT_EQ(units[u].numel, spec.units[u].numel()) << "tp " << tp << " unit '" << units[u].name << "'";
+            }
+          }
+          torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
+          torch::manual_seed(1 + mesh.rank("dp"));
+          auto tokens = torch::randint(0, config.vocab_size, {kBatch, config.seq_len}, torch::kLong);
+          auto targets = torch::randint(0, config.vocab_size, {kBatch, config.seq_len}, torch::kLong);
+          for (int step = 0; step < 3; ++step) {
+            dtrain::memory::reset_peak();
+            {
+              auto output = ddp ? (*ddp)(tokens) : (*fsdp)(tokens);
+              auto loss = model->loss(output, targets).mean();
+              loss.backward();
+              optimizer.step();
+              optimizer.zero_grad();
+            }
+            if (step > 0) measured = std::max(measured, dtrain::memory::peak_bytes() - before);
+          }
+        }
+        plan::PlanOptions options;
+        plan::set_strategy(options, strategy);
+        options.world_size = mesh.size("dp");
+        options.rank = mesh.rank("dp");
+        const auto predicted = plan::make_plan(spec, options);
+        const double ratio = static_cast<double>(measured) / static_cast<double>(predicted.peak.total());
+        const std::string where = strategy + " on " + mesh.describe() + (sequence_parallel ? " sequence-parallel" : "");
+        if (world().rank() == 0)
+          std::printf("  %s: measured %lld bytes, planned %lld (%.4f) at %s\n", where.c_str(),
+                      static_cast<long long>(measured), static_cast<long long>(predicted.peak.total()), ratio,
+                      predicted.peak_moment.c_str());
+        EXPECT_NEAR(ratio, 1.0, 0.05) << where << ": measured " << measured << " bytes, planned "
+                                      << predicted.peak.total() << " at " << predicted.peak_moment;
+      }
+    }
   }
 }
 

@@ -1,0 +1,40 @@
+#include <dtrain/attention.h>
+
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+
+namespace dtrain::models {
+namespace {
+
+// What torch::dropout multiplies by: a Bernoulli(1 - p) mask scaled by
+// 1 / (1 - p), drawn for `shape` in one call (the same draws as dropout of
+// a tensor of that shape).
+torch::Tensor dropout_mask(const std::vector<int64_t>& shape, const torch::TensorOptions& options, double p) {
+  return torch::empty(shape, options).bernoulli_(1 - p).div_(1 - p);
+}
+
+}  // namespace
+
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double dropout,
+                               int64_t heads, int64_t first_head) {
+  if (dropout == 0.0) {
+    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/true);
+  }
+  const int64_t B = q.size(0), T = q.size(2);
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  const auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+  auto weights = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
+  const auto mask = dropout_mask({B, heads, T, T}, weights.options(), dropout).narrow(1, first_head, q.size(1));
+  return torch::matmul(weights * mask, v);
+}
+
+torch::Tensor dropout_of_slice(const torch::Tensor& x, double p, bool training, const std::vector<int64_t>& full_shape,
+                               int64_t dim, int64_t start) {
+  if (!training || p == 0.0) return x;
+  return x * dropout_mask(full_shape, x.options(), p).narrow(dim, start, x.size(dim));
+}
+
+}  // namespace dtrain::models
