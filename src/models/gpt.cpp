@@ -1,4 +1,5 @@
 #include "dtrain/models.h"
+#include "dtrain/gpt_stage.h"
 
 #include <torch/nn/init.h>
 #include <torch/utils.h>
@@ -48,6 +49,10 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
 // GPT-2's initialisation. LibTorch's defaults (Kaiming-uniform Linear,
 // N(0, 1) Embedding) would make the tied head's initial logits far too large.
 void GPTImpl::init_module(const std::string& /*name*/, torch::nn::Module& module, at::Generator& generator) {
+  init_gpt_module(module, generator);
+}
+
+void init_gpt_module(torch::nn::Module& module, at::Generator& generator) {
   torch::NoGradGuard no_grad;
   if (auto* linear = module.as<torch::nn::Linear>()) {
     linear->weight.normal_(0.0, 0.02, generator);

@@ -1,0 +1,104 @@
+// Pipeline parallelism: a model's consecutive stages on the ranks of a
+// pipeline group (DeviceMesh's "pp" communicator; rank s holds stage s),
+// activations sent forward and their gradients back, point to point, one
+// microbatch at a time.
+//
+// One training step splits the batch into M microbatches. GPipe runs every
+// microbatch's forward, then every backward (each stage keeps all M
+// microbatches' activations); 1F1B runs stage s's first P - s - 1 forwards,
+// then alternates one forward and one backward, so that at most P - s
+// microbatches' activations are alive on stage s (P stages). Both give the
+// full batch's gradients: each microbatch's loss (a mean over its samples)
+// is divided by M before its backward, and the gradients accumulate.
+//
+// Activations travel forward on one communicator and gradients back on
+// another (two splits of the group): each direction is then a FIFO that both
+// ends issue in the same order, so a send that waits for its receiver (on
+// c10d always; on MPI above the eager limit) never waits behind a receive
+// the other way.
+//
+//   dtrain::pp::Pipeline pipeline(mesh.comm("pp"), dtrain::pp::Schedule::OneFOneB, /*microbatches=*/4);
+//   const double loss = pipeline.step(
+//       [&](const torch::Tensor& x) { return stage->forward(x); },
+//       [&](const torch::Tensor& logits, const torch::Tensor& t) { return cross_entropy(logits..., t...); },
+//       tokens, targets, {tokens.size(0) / 4, T, C});
+//   dtrain::pp::sum_tied_gradients(stage->tied_weight(), pipeline);  // GPT's tied head
+//   optimizer.step();
+#pragma once
+
+#include <dtrain/comm.h>
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace dtrain::pp {
+
+// Blocks [first, last) of one stage.
+struct StageBlocks {
+  int64_t first = 0, last = 0;
+};
+// Blocks of each of `stages` stages: `split` (blocks per stage, summing to
+// `blocks`), or as even as possible (the first blocks % stages stages one
+// more). Throws std::invalid_argument naming the numbers when a stage would
+// be empty or the split does not add up.
+std::vector<StageBlocks> divide_blocks(int64_t blocks, int stages, const std::vector<int64_t>& split = {});
+
+enum class Schedule { GPipe, OneFOneB };
+// "gpipe" | "1f1b"; throws std::invalid_argument naming both.
+Schedule schedule_from(const std::string& name);
+std::string schedule_name(Schedule schedule);
+
+// The stage's forward on one microbatch: the first stage gets its slice of
+// the inputs, the others the activation received from the stage before.
+using StageForward = std::function<torch::Tensor(const torch::Tensor&)>;
+// The last stage's loss of its output on a microbatch's targets: a scalar,
+// the mean over the microbatch.
+using StageLoss = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
+
+class Pipeline {
+ public:
+  // Collective over `group` (splits it twice). Throws std::invalid_argument
+  // for microbatches < 1.
+  Pipeline(CommPtr group, Schedule schedule, int microbatches);
+
+  // One step's forwards and backwards (collective over the group). `inputs`
+  // and `targets`: the whole batch on every stage (only the first stage reads
+  // inputs, only the last targets); the batch must split into the
+  // microbatches evenly. `activation_shape`: what one stage sends the next
+  // per microbatch ([B / M, T, C] for the GPT), in `dtype`, the same for
+  // every stage boundary. Returns the step's loss (the mean of the
+  // microbatches' losses) on every stage. Gradients accumulate into the
+  // stage's parameters as loss.backward() would for the whole batch.
+  double step(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
+              const torch::Tensor& targets, const std::vector<int64_t>& activation_shape,
+              torch::ScalarType dtype = torch::kFloat32);
+
+  // The most microbatches whose activations this stage held at once in the
+  // last step (1F1B: at most stages - stage; GPipe: microbatches).
+  int max_in_flight() const { return max_in_flight_; }
+  int stage() const { return group_->rank(); }
+  int stages() const { return group_->size(); }
+  int microbatches() const { return microbatches_; }
+  Schedule schedule() const { return schedule_; }
+  const CommPtr& group() const { return group_; }
+
+ private:
+  friend void sum_tied_gradients(const torch::Tensor& weight, const Pipeline& pipeline);
+  CommPtr group_, forward_channel_, backward_channel_;
+  CommPtr ends_;  // the first and the last stage (the tied embedding's holders); the others among themselves
+  Schedule schedule_;
+  int microbatches_;
+  int max_in_flight_ = 0;
+};
+
+// GPT's tied head (dtrain/gpt_stage.h): the first and the last stage each
+// hold wte; sums their gradients so that both copies take the step GPT's one
+// wte takes. Collective over the pipeline's group (the other stages pass an
+// undefined tensor and take part). No-op on one stage.
+void sum_tied_gradients(const torch::Tensor& weight, const Pipeline& pipeline);
+
+}  // namespace dtrain::pp

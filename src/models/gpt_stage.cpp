@@ -1,0 +1,57 @@
+#include "dtrain/gpt_stage.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace dtrain::models {
+
+GPTStageImpl::GPTStageImpl(const GPTConfig& config, int stage, int stages, int64_t first_block, int64_t last_block)
+    : config_(config), stage_(stage), stages_(stages) {
+  GPTImpl::parameter_count(config_);  // GPT's checks of the config
+  if (stages < 1 || stage < 0 || stage >= stages || first_block < 0 || last_block < first_block ||
+      last_block > config_.n_layer)
+    throw std::invalid_argument("GPTStage: stage " + std::to_string(stage) + " of " + std::to_string(stages) +
+                                " with blocks [" + std::to_string(first_block) + ", " + std::to_string(last_block) +
+                                ") of " + std::to_string(config_.n_layer));
+  // Registration order as GPT's: wte, wpe, blocks, ln_f (the last stage's wte
+  // is the tied head's copy).
+  if (is_first() || is_last()) {
+    wte_ = register_module("wte", deferred(torch::nn::Embedding(config_.vocab_size, config_.n_embd)));
+  }
+  if (is_first()) wpe_ = register_module("wpe", deferred(torch::nn::Embedding(config_.seq_len, config_.n_embd)));
+  // "blocks.<i>" with GPT's indices: a plain container, not a ModuleList (which numbers from 0).
+  auto blocks = register_module("blocks", std::make_shared<torch::nn::Module>());
+  for (int64_t i = first_block; i < last_block; ++i) {
+    block_calls_.emplace_back(GPTBlock(config_).ptr());
+    blocks->register_module(std::to_string(i), block_calls_.back().ptr());
+  }
+  if (is_last()) {
+    ln_f_ = register_module(
+        "ln_f", deferred(torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{config_.n_embd}))));
+  }
+  initialize_unless_deferred(*this);
+}
+
+void GPTStageImpl::init_module(const std::string& /*name*/, torch::nn::Module& module, at::Generator& generator) {
+  init_gpt_module(module, generator);
+}
+
+torch::Tensor GPTStageImpl::forward(torch::Tensor input) {
+  torch::Tensor x = input;
+  if (is_first()) {
+    check_materialized(wte_->weight, "GPTStage");
+    TORCH_CHECK(input.dim() == 2 && input.scalar_type() == torch::kLong,
+                "GPTStage: the first stage expects int64 tokens of shape [B,T], got ", input.scalar_type(), " ",
+                input.sizes());
+    const int64_t T = input.size(1);
+    TORCH_CHECK(T <= config_.seq_len, "GPTStage: sequence of ", T, " tokens is longer than seq_len ", config_.seq_len);
+    auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(input.device()));
+    x = wte_->forward(input) + wpe_->forward(positions);
+    x = torch::dropout(x, config_.dropout, is_training());
+  }
+  for (auto& block : block_calls_) x = block(x);
+  if (is_last()) x = ln_f_->forward(x).matmul(wte_->weight.t());  // the tied head
+  return x;
+}
+
+}  // namespace dtrain::models

@@ -1,0 +1,142 @@
+// Pipeline schedules (include/dtrain/pipeline.h): GPipe and 1F1B over the
+// stages of a group, activations and gradients point to point.
+#include "dtrain/pipeline.h"
+
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <deque>
+#include <stdexcept>
+
+namespace dtrain::pp {
+
+std::vector<StageBlocks> divide_blocks(int64_t blocks, int stages, const std::vector<int64_t>& split) {
+  if (stages < 1) throw std::invalid_argument("pipeline: " + std::to_string(stages) + " stages; need at least 1");
+  if (blocks < stages)
+    throw std::invalid_argument("pipeline: " + std::to_string(blocks) + " blocks cannot fill " + std::to_string(stages) +
+                                " stages (each stage needs a block)");
+  std::vector<int64_t> counts = split;
+  if (counts.empty()) {
+    for (int s = 0; s < stages; ++s) counts.push_back(blocks / stages + (s < blocks % stages ? 1 : 0));
+  }
+  if (static_cast<int>(counts.size()) != stages)
+    throw std::invalid_argument("pipeline: a split of " + std::to_string(counts.size()) + " stages for " +
+                                std::to_string(stages) + " stages");
+  std::vector<StageBlocks> out;
+  int64_t first = 0;
+  for (int64_t count : counts) {
+    if (count < 1) throw std::invalid_argument("pipeline: a split gives a stage " + std::to_string(count) + " blocks");
+    out.push_back({first, first + count});
+    first += count;
+  }
+  if (first != blocks)
+    throw std::invalid_argument("pipeline: the split holds " + std::to_string(first) + " blocks, the model has " +
+                                std::to_string(blocks));
+  return out;
+}
+
+Schedule schedule_from(const std::string& name) {
+  if (name == "gpipe") return Schedule::GPipe;
+  if (name == "1f1b") return Schedule::OneFOneB;
+  throw std::invalid_argument("pipeline schedule '" + name + "' is not one of gpipe, 1f1b");
+}
+
+std::string schedule_name(Schedule schedule) { return schedule == Schedule::GPipe ? "gpipe" : "1f1b"; }
+
+Pipeline::Pipeline(CommPtr group, Schedule schedule, int microbatches)
+    : group_(std::move(group)), schedule_(schedule), microbatches_(microbatches) {
+  if (microbatches < 1)
+    throw std::invalid_argument("pipeline: " + std::to_string(microbatches) + " microbatches; need at least 1");
+  const int rank = group_->rank(), last = group_->size() - 1;
+  forward_channel_ = group_->split(0, rank);
+  backward_channel_ = group_->split(0, rank);
+  ends_ = group_->split(rank == 0 || rank == last ? 0 : 1, rank);
+}
+
+namespace {
+
+// One microbatch on this stage: what it received (the activation, whose
+// gradient goes back) and what it produced (whose gradient comes in).
+struct InFlight {
+  torch::Tensor input, output;
+};
+
+}  // namespace
+
+double Pipeline::step(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
+                      const torch::Tensor& targets, const std::vector<int64_t>& activation_shape,
+                      torch::ScalarType dtype) {
+  const int s = stage(), P = stages(), M = microbatches_;
+  const bool first = s == 0, last = s == P - 1;
+  if (inputs.size(0) % M != 0)
+    throw std::invalid_argument("pipeline: a batch of " + std::to_string(inputs.size(0)) + " does not split into " +
+                                std::to_string(M) + " microbatches");
+  const int64_t micro = inputs.size(0) / M;
+  const auto options = torch::TensorOptions().dtype(dtype);
+  std::deque<InFlight> in_flight;  // forwarded, not yet backwarded, oldest first
+  std::vector<WorkPtr> sends;      // waited for at the end (their tensors stay alive in them)
+  double loss_sum = 0;
+  max_in_flight_ = 0;
+
+  auto run_forward = [&](int m) {
+    InFlight f;
+    if (first) {
+      f.input = inputs.narrow(0, m * micro, micro);
+    } else {
+      f.input = torch::empty(activation_shape, options);
+      forward_channel_->recv(f.input, s - 1, m)->wait();
+      f.input.requires_grad_(true);
+    }
+    f.output = forward(f.input);
+    if (last) {
+      // Each microbatch's share of the batch mean.
+      f.output = loss(f.output, targets.narrow(0, m * micro, micro)) / static_cast<double>(M);
+      loss_sum += f.output.item<double>();
+    } else {
+      sends.push_back(forward_channel_->send(f.output.detach().contiguous(), s + 1, m));
+    }
+    in_flight.push_back(std::move(f));
+    max_in_flight_ = std::max<int>(max_in_flight_, static_cast<int>(in_flight.size()));
+  };
+  auto run_backward = [&](int m) {
+    InFlight f = std::move(in_flight.front());
+    in_flight.pop_front();
+    if (last) {
+      f.output.backward();
+    } else {
+      auto gradient = torch::empty_like(f.output, torch::MemoryFormat::Contiguous);
+      backward_channel_->recv(gradient, s + 1, m)->wait();
+      f.output.backward(gradient);
+    }
+    if (!first) sends.push_back(backward_channel_->send(f.input.grad().contiguous(), s - 1, m));
+  };
+
+  if (schedule_ == Schedule::GPipe) {
+    for (int m = 0; m < M; ++m) run_forward(m);
+    for (int m = 0; m < M; ++m) run_backward(m);
+  } else {
+    const int warmup = std::min(P - s - 1, M);
+    for (int m = 0; m < warmup; ++m) run_forward(m);
+    for (int m = warmup; m < M; ++m) {
+      run_forward(m);
+      run_backward(m - warmup);
+    }
+    for (int m = M - warmup; m < M; ++m) run_backward(m);
+  }
+  for (auto& work : sends) work->wait();
+
+  // The loss lives on the last stage; every stage returns it.
+  auto total = torch::tensor({last ? loss_sum : 0.0}, torch::kFloat64);
+  group_->blocking().all_reduce(total, ReduceOp::Sum);
+  return total.item<double>();
+}
+
+void sum_tied_gradients(const torch::Tensor& weight, const Pipeline& pipeline) {
+  const int s = pipeline.stage(), last = pipeline.stages() - 1;
+  if (last == 0 || (s != 0 && s != last)) return;
+  if (!weight.defined() || !weight.grad().defined())
+    throw std::invalid_argument("pp::sum_tied_gradients: the first and last stage must pass the tied weight after backward");
+  pipeline.ends_->blocking().all_reduce(weight.mutable_grad(), ReduceOp::Sum);
+}
+
+}  // namespace dtrain::pp
