@@ -58,6 +58,16 @@ using StageForward = std::function<torch::Tensor(const torch::Tensor&)>;
 // The last stage's loss of its output on a microbatch's targets: a scalar,
 // the mean over the microbatch.
 using StageLoss = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
+// Runs one microbatch's `backward`; `sync` is true for the step's last
+// backward only. A data-parallel engine over the stage (DDP or FSDP over the
+// mesh's dp dimension) reduces its gradients then and only accumulates
+// before (run the others under its no_sync()):
+//   [&](bool sync, const std::function<void()>& backward) {
+//     if (sync) return backward();
+//     auto guard = ddp.no_sync();
+//     backward();
+//   }
+using BackwardRunner = std::function<void(bool sync, const std::function<void()>& backward)>;
 
 class Pipeline {
  public:
@@ -75,7 +85,7 @@ class Pipeline {
   // stage's parameters as loss.backward() would for the whole batch.
   double step(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
               const torch::Tensor& targets, const std::vector<int64_t>& activation_shape,
-              torch::ScalarType dtype = torch::kFloat32);
+              torch::ScalarType dtype = torch::kFloat32, const BackwardRunner& run_backward = nullptr);
 
   // The most microbatches whose activations this stage held at once in the
   // last step (1F1B: at most stages - stage; GPipe: microbatches).

@@ -65,7 +65,7 @@ struct InFlight {
 
 double Pipeline::step(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
                       const torch::Tensor& targets, const std::vector<int64_t>& activation_shape,
-                      torch::ScalarType dtype) {
+                      torch::ScalarType dtype, const BackwardRunner& run_backward_with) {
   const int s = stage(), P = stages(), M = microbatches_;
   const bool first = s == 0, last = s == P - 1;
   if (inputs.size(0) % M != 0)
@@ -101,12 +101,16 @@ double Pipeline::step(const StageForward& forward, const StageLoss& loss, const 
   auto run_backward = [&](int m) {
     InFlight f = std::move(in_flight.front());
     in_flight.pop_front();
-    if (last) {
-      f.output.backward();
-    } else {
-      auto gradient = torch::empty_like(f.output, torch::MemoryFormat::Contiguous);
+    torch::Tensor gradient;  // of the output: none on the last stage (it is the loss)
+    if (!last) {
+      gradient = torch::empty_like(f.output, torch::MemoryFormat::Contiguous);
       backward_channel_->recv(gradient, s + 1, m)->wait();
-      f.output.backward(gradient);
+    }
+    const auto backward = [&] { last ? f.output.backward() : f.output.backward(gradient); };
+    if (run_backward_with) {
+      run_backward_with(m == M - 1, backward);
+    } else {
+      backward();
     }
     if (!first) sends.push_back(backward_channel_->send(f.input.grad().contiguous(), s - 1, m));
   };

@@ -5,7 +5,10 @@
 // 1e-5, the parameters within the FSDP equivalence tolerances at the end
 // (1e-6 under SGD with momentum, 1e-4 under AdamW). 1F1B keeps at most
 // stages - stage microbatches in flight, GPipe all of them.
+#include <dtrain/ddp.h>
 #include <dtrain/gpt_stage.h>
+#include <dtrain/memory.h>
+#include <dtrain/mesh.h>
 #include <dtrain/pipeline.h>
 
 #include "../common/multirank_gtest.h"
@@ -140,6 +143,101 @@ TEST(Pipeline, EveryScheduleEqualsSingleProcessTraining) {
   for (auto schedule : {pp::Schedule::GPipe, pp::Schedule::OneFOneB})
     for (int microbatches : {1, 2, 4}) train_and_compare(schedule, microbatches, /*sgd=*/true);
   train_and_compare(pp::Schedule::OneFOneB, 3, /*sgd=*/false);
+}
+
+// (dp, pp) = (2, 2) on 4 ranks: DDP over dp around each stage, reducing only
+// at the step's last backward (pp::BackwardRunner and DDP's no_sync), equals
+// single-process training on the global batch. At other world sizes the
+// meshes with dp > 1 and pp > 1 that fit (none below 4 ranks).
+TEST(Pipeline, DDPOverTheDataParallelDimensionEqualsSingleProcessTraining) {
+  for (int stages = 2; stages <= world().size() / 2; ++stages) {
+    if (world().size() % stages != 0 || stages > config().n_layer) continue;
+    dtrain::DeviceMesh mesh(world_ptr(), {{"dp", -1}, {"pp", stages}});
+    const int dp = mesh.size("dp");
+    for (auto schedule : {pp::Schedule::GPipe, pp::Schedule::OneFOneB}) {
+      const std::string where = pp::schedule_name(schedule) + " on " + mesh.describe();
+      torch::manual_seed(17);
+      models::GPT plain(config());
+      torch::manual_seed(17);
+      const auto blocks = pp::divide_blocks(config().n_layer, stages)[static_cast<size_t>(mesh.rank("pp"))];
+      models::GPTStage stage(config(), mesh.rank("pp"), stages, blocks.first, blocks.last);
+      dtrain::DistributedDataParallel<models::GPTStage> ddp(stage, mesh.comm("dp"));
+      torch::optim::SGD reference_optimizer(plain->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+      torch::optim::SGD optimizer(stage->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+      constexpr int kMicrobatches = 3;
+      pp::Pipeline pipeline(mesh.comm("pp"), schedule, kMicrobatches);
+      const int64_t part = kGlobalBatch / dp;
+      for (int step = 0; step < 3; ++step) {
+        auto generator = at::make_generator<at::CPUGeneratorImpl>(900 + step);
+        auto tokens = torch::randint(0, config().vocab_size, {kGlobalBatch, config().seq_len + 1}, generator);
+        const auto inputs = tokens.narrow(1, 0, config().seq_len), targets = tokens.narrow(1, 1, config().seq_len);
+        reference_optimizer.zero_grad();
+        auto reference_loss = cross_entropy(plain->forward(inputs), targets);
+        reference_loss.backward();
+        reference_optimizer.step();
+
+        optimizer.zero_grad();
+        const int64_t first = mesh.rank("dp") * part;
+        double loss = pipeline.step(
+            [&](const torch::Tensor& x) { return ddp(x); }, cross_entropy, inputs.narrow(0, first, part),
+            targets.narrow(0, first, part), {part / kMicrobatches, config().seq_len, config().n_embd}, torch::kFloat32,
+            [&](bool sync, const std::function<void()>& backward) {
+              if (sync) return backward();
+              auto guard = ddp.no_sync();
+              backward();
+            });
+        pp::sum_tied_gradients(stage->tied_weight(), pipeline);
+        optimizer.step();
+        auto mean = torch::tensor({loss}, torch::kFloat64);
+        mesh.comm("dp")->blocking().all_reduce(mean, dtrain::ReduceOp::Avg);
+        EXPECT_NEAR(mean.item<double>(), reference_loss.item<double>(), 1e-5) << where << ", step " << step;
+      }
+      const auto reference = named(*plain);
+      double worst = 0;
+      for (const auto& [name, value] : named(*stage)) worst = std::max(worst, (value - reference.at(name)).abs().max().item<double>());
+      EXPECT_LE(worst, 1e-6) << where;
+      if (world().rank() == 0) std::printf("%s, DDP over dp: parameters within %.3g of single-process training\n", where.c_str(), worst);
+    }
+  }
+}
+
+// What the tracking allocator sees on the first stage: 1F1B with 8
+// microbatches holds at most `stages` microbatches' activations, as GPipe
+// does with `stages` microbatches (the same growth of the stage's peak over
+// its memory before the step, within 10%), while GPipe with 8 holds all 8
+// (more than 1.5x as much here). Microbatches of one size throughout.
+TEST(Pipeline, OneFOneBHoldsAtMostStagesMicrobatchesOnTheFirstStage) {
+  if (world().size() < 2) GTEST_SKIP() << "a pipeline of one stage holds one microbatch either way";
+  dtrain::memory::install_tracking_allocator();
+  constexpr int64_t kMicro = 4;
+  auto growth = [&](pp::Schedule schedule, int microbatches) {
+    torch::manual_seed(3);
+    models::GPTStage stage = my_stage();
+    pp::Pipeline pipeline(world_ptr(), schedule, microbatches);
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(11);
+    auto tokens = torch::randint(0, config().vocab_size, {kMicro * microbatches, config().seq_len + 1}, generator);
+    const auto inputs = tokens.narrow(1, 0, config().seq_len), targets = tokens.narrow(1, 1, config().seq_len);
+    auto run = [&] {
+      pipeline.step([&](const torch::Tensor& x) { return stage->forward(x); }, cross_entropy, inputs, targets,
+                    {kMicro, config().seq_len, config().n_embd});
+    };
+    run();  // the gradients exist from here on; the next step measures activations
+    world().barrier()->wait();
+    const int64_t before = dtrain::memory::live_bytes();
+    dtrain::memory::reset_peak();
+    run();
+    return static_cast<double>(dtrain::memory::peak_bytes() - before);
+  };
+  const int stages = world().size();
+  const double gpipe_stages = growth(pp::Schedule::GPipe, stages);
+  const double gpipe = growth(pp::Schedule::GPipe, 8);
+  const double one_f_one_b = growth(pp::Schedule::OneFOneB, 8);
+  if (world().rank() == 0) {
+    std::printf("first stage of %d, growth of the peak in a step: gpipe with %d microbatches %.0f bytes; with 8: gpipe "
+                "%.0f, 1f1b %.0f\n", stages, stages, gpipe_stages, gpipe, one_f_one_b);
+    EXPECT_LE(one_f_one_b, 1.1 * gpipe_stages) << "1F1B holds at most " << stages << " microbatches on the first stage";
+    EXPECT_GE(gpipe, 1.5 * one_f_one_b) << "GPipe holds all 8";
+  }
 }
 
 }  // namespace
