@@ -14,7 +14,7 @@ import re
 import sys
 
 # Each layer's level, bottom up. A layer may include only layers of a lower
-# level: siblings (the three engines; comm, models and data; trace and tp) do not see each other.
+# level: siblings (the three engines; comm, models and data; trace, tp and pp) do not see each other.
 LEVEL = {
     "common": 0,
     "comm": 1, "models": 1, "data": 1,
