@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -149,13 +150,45 @@ TEST(ShardedState, StrategiesOrderAsTheyShouldOnFourRanks) {
 
 // The plan against the tracking allocator on this world (1 or 2 ranks):
 // peak tensor bytes over steady-state steps of a small GPT under AdamW.
-TEST(Measured, PeakMatchesThePlanForEveryStrategy) {
-  dtrain::memory::install_tracking_allocator();
+// The largest growth of the peak over `before` in three training steps
+// (loss_of_step, backward, update) after the first: the first creates the
+// optimizer state, and the plan is of the steps after.
+int64_t measured_step_peak(int64_t before, torch::optim::Optimizer& optimizer,
+                           const std::function<torch::Tensor()>& loss_of_step) {
+  int64_t measured = 0;
+  for (int step = 0; step < 3; ++step) {
+    dtrain::memory::reset_peak();
+    {
+      loss_of_step().backward();
+      optimizer.step();
+      optimizer.zero_grad();
+    }
+    if (step > 0) measured = std::max(measured, dtrain::memory::peak_bytes() - before);
+  }
+  return measured;
+}
+
+plan::Plan plan_of(const plan::ModelSpec& spec, const std::string& strategy, int world_size, int rank) {
+  plan::PlanOptions options;
+  plan::set_strategy(options, strategy);
+  options.world_size = world_size;
+  options.rank = rank;
+  return plan::make_plan(spec, options);
+}
+
+// The GPT whose measured step peaks the plan is checked against.
+dtrain::models::GPTConfig measured_gpt() {
   dtrain::models::GPTConfig config;
   config.n_layer = 3;
   config.n_embd = 128;
   config.n_head = 4;
   config.seq_len = 32;
+  return config;
+}
+
+TEST(Measured, PeakMatchesThePlanForEveryStrategy) {
+  dtrain::memory::install_tracking_allocator();
+  const dtrain::models::GPTConfig config = measured_gpt();
   constexpr int64_t kBatch = 2;
   const auto spec = plan::describe_gpt(config, kBatch, torch::kFloat32);
   for (const std::string strategy : {"ddp", "zero1", "zero2", "fsdp"}) {
@@ -175,24 +208,12 @@ TEST(Measured, PeakMatchesThePlanForEveryStrategy) {
       torch::manual_seed(1 + world().rank());
       auto tokens = torch::randint(0, config.vocab_size, {kBatch, config.seq_len}, torch::kLong);
       auto targets = torch::randint(0, config.vocab_size, {kBatch, config.seq_len}, torch::kLong);
-      for (int step = 0; step < 3; ++step) {
-        dtrain::memory::reset_peak();
-        {
-          auto output = ddp ? (*ddp)(tokens) : (*fsdp)(tokens);
-          auto loss = torch::nn::functional::cross_entropy(output.flatten(0, -2), targets.flatten());
-          loss.backward();
-          optimizer.step();
-          optimizer.zero_grad();
-        }
-        // The first step creates the optimizer state; the plan is of the steps after.
-        if (step > 0) measured = std::max(measured, dtrain::memory::peak_bytes() - before);
-      }
+      measured = measured_step_peak(before, optimizer, [&] {
+        auto output = ddp ? (*ddp)(tokens) : (*fsdp)(tokens);
+        return torch::nn::functional::cross_entropy(output.flatten(0, -2), targets.flatten());
+      });
     }
-    plan::PlanOptions options;
-    plan::set_strategy(options, strategy);
-    options.world_size = world().size();
-    options.rank = world().rank();
-    const auto predicted = plan::make_plan(spec, options);
+    const auto predicted = plan_of(spec, strategy, world().size(), world().rank());
     const double ratio = static_cast<double>(measured) / static_cast<double>(predicted.peak.total());
     if (world().rank() == 0)
       std::printf("  %-5s %d rank(s): measured %lld bytes, planned %lld (%.4f)\n", strategy.c_str(), world().size(),
@@ -211,11 +232,7 @@ TEST(Measured, PeakMatchesThePlanForEveryStrategy) {
 // are the ones FSDP builds from TPGPT.
 TEST(Measured, TensorParallelPeakMatchesThePlan) {
   dtrain::memory::install_tracking_allocator();
-  dtrain::models::GPTConfig config;
-  config.n_layer = 3;
-  config.n_embd = 128;
-  config.n_head = 4;
-  config.seq_len = 32;
+  const dtrain::models::GPTConfig config = measured_gpt();
   constexpr int64_t kBatch = 2;  // per dp rank
   for (int tp = 1; tp <= world().size(); ++tp) {
     if (world().size() % tp != 0) continue;
@@ -252,23 +269,12 @@ TEST(Measured, TensorParallelPeakMatchesThePlan) {
           torch::manual_seed(1 + mesh.rank("dp"));
           auto tokens = torch::randint(0, config.vocab_size, {kBatch, config.seq_len}, torch::kLong);
           auto targets = torch::randint(0, config.vocab_size, {kBatch, config.seq_len}, torch::kLong);
-          for (int step = 0; step < 3; ++step) {
-            dtrain::memory::reset_peak();
-            {
-              auto output = ddp ? (*ddp)(tokens) : (*fsdp)(tokens);
-              auto loss = model->loss(output, targets).mean();
-              loss.backward();
-              optimizer.step();
-              optimizer.zero_grad();
-            }
-            if (step > 0) measured = std::max(measured, dtrain::memory::peak_bytes() - before);
-          }
+          measured = measured_step_peak(before, optimizer, [&] {
+            auto output = ddp ? (*ddp)(tokens) : (*fsdp)(tokens);
+            return model->loss(output, targets).mean();
+          });
         }
-        plan::PlanOptions options;
-        plan::set_strategy(options, strategy);
-        options.world_size = mesh.size("dp");
-        options.rank = mesh.rank("dp");
-        const auto predicted = plan::make_plan(spec, options);
+        const auto predicted = plan_of(spec, strategy, mesh.size("dp"), mesh.rank("dp"));
         const double ratio = static_cast<double>(measured) / static_cast<double>(predicted.peak.total());
         const std::string where = strategy + " on " + mesh.describe() + (sequence_parallel ? " sequence-parallel" : "");
         if (world().rank() == 0)
