@@ -69,8 +69,10 @@ std::optional<std::string> memory_summary(const TrainConfig& config, int world_s
     char ratio[32];
     std::snprintf(ratio, sizeof ratio, "%.2fx", static_cast<double>(ddp) / static_cast<double>(std::max<int64_t>(measured, 1)));
     // The measured step peak also covers evaluation and sampling; the plan is of one training step.
+    const std::string mesh =
+        config.tp > 1 ? " as (dp=" + std::to_string(world_size / config.tp) + ", tp=" + std::to_string(config.tp) + ")" : "";
     return "memory per rank: " + format_bytes(measured) + " at most (" + config.strategy + " on " +
-           std::to_string(world_size) + " ranks: start " + format_bytes(result.construction_peak_bytes) + ", steps " +
+           std::to_string(world_size) + " ranks" + mesh + ": start " + format_bytes(result.construction_peak_bytes) + ", steps " +
            format_bytes(result.step_peak_bytes) + "; dtrain plan predicted start " +
            format_bytes(planned.construction.total()) + ", a training step " + format_bytes(planned.peak.total()) +
            "); DDP would need " + format_bytes(ddp) + " per rank (dtrain plan), " + ratio + " as much";

@@ -104,11 +104,14 @@ std::string diverged_message(const TrainConfig& c, int64_t step, double loss) {
 }
 
 std::map<std::string, std::string> run_description(const TrainConfig& c, int64_t total) {
-  return {{"model", c.model},
-          {"data", c.data},
-          {"batch_size", std::to_string(c.batch_size)},
-          {"seed", std::to_string(c.seed)},
-          {"total_steps", std::to_string(total)}};
+  std::map<std::string, std::string> description{{"model", c.model},
+                                                 {"data", c.data},
+                                                 {"batch_size", std::to_string(c.batch_size)},
+                                                 {"seed", std::to_string(c.seed)},
+                                                 {"total_steps", std::to_string(total)}};
+  // For `dtrain checkpoint inspect`: the mesh it was saved on (any mesh loads it).
+  if (c.tp > 1) description["tp"] = std::to_string(c.tp) + (c.sequence_parallel ? " (sequence parallel)" : "");
+  return description;
 }
 
 std::vector<std::string> resume_differences(const std::map<std::string, std::string>& saved,
