@@ -87,6 +87,14 @@ class Pipeline {
               const torch::Tensor& targets, const std::vector<int64_t>& activation_shape,
               torch::ScalarType dtype = torch::kFloat32, const BackwardRunner& run_backward = nullptr);
 
+  // Evaluation: forwards only, without gradients, microbatch after
+  // microbatch through the stages. `loss` gives the last stage's value for a
+  // microbatch (e.g. its summed per-sample losses); returns the sum over the
+  // microbatches on every stage. Collective over the group.
+  double evaluate(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
+                  const torch::Tensor& targets, const std::vector<int64_t>& activation_shape,
+                  torch::ScalarType dtype = torch::kFloat32);
+
   // The most microbatches whose activations this stage held at once in the
   // last step (1F1B: at most stages - stage; GPipe: microbatches).
   int max_in_flight() const { return max_in_flight_; }

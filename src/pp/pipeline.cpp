@@ -135,6 +135,37 @@ double Pipeline::step(const StageForward& forward, const StageLoss& loss, const 
   return total.item<double>();
 }
 
+double Pipeline::evaluate(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
+                          const torch::Tensor& targets, const std::vector<int64_t>& activation_shape,
+                          torch::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  const int s = stage(), P = stages(), M = microbatches_;
+  const bool first = s == 0, last = s == P - 1;
+  if (inputs.size(0) % M != 0)
+    throw std::invalid_argument("pipeline: a batch of " + std::to_string(inputs.size(0)) + " does not split into " +
+                                std::to_string(M) + " microbatches");
+  const int64_t micro = inputs.size(0) / M;
+  std::vector<WorkPtr> sends;
+  double sum = 0;
+  for (int m = 0; m < M; ++m) {
+    torch::Tensor input = inputs.narrow(0, m * micro, micro);
+    if (!first) {
+      input = torch::empty(activation_shape, torch::TensorOptions().dtype(dtype));
+      forward_channel_->recv(input, s - 1, m)->wait();
+    }
+    const torch::Tensor output = forward(input);
+    if (last) {
+      sum += loss(output, targets.narrow(0, m * micro, micro)).item<double>();
+    } else {
+      sends.push_back(forward_channel_->send(output.contiguous(), s + 1, m));
+    }
+  }
+  for (auto& work : sends) work->wait();
+  auto total = torch::tensor({last ? sum : 0.0}, torch::kFloat64);
+  group_->blocking().all_reduce(total, ReduceOp::Sum);
+  return total.item<double>();
+}
+
 void sum_tied_gradients(const torch::Tensor& weight, const Pipeline& pipeline) {
   const int s = pipeline.stage(), last = pipeline.stages() - 1;
   if (last == 0 || (s != 0 && s != last)) return;

@@ -139,6 +139,29 @@ void train_and_compare(pp::Schedule schedule, int microbatches, bool sgd) {
   if (world().rank() == 0) std::printf("%s: parameters within %.3g of single-process training\n", where.c_str(), worst);
 }
 
+// Evaluation through the stages (forwards only, no gradients) sums what one
+// process computes on the whole GPT in eval mode.
+TEST(Pipeline, EvaluationEqualsTheWholeModels) {
+  torch::manual_seed(41);
+  models::GPT plain(config());
+  torch::manual_seed(41);
+  models::GPTStage stage = my_stage();
+  plain->eval();
+  stage->eval();
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(5);
+  auto tokens = torch::randint(0, config().vocab_size, {kGlobalBatch, config().seq_len + 1}, generator);
+  const auto inputs = tokens.narrow(1, 0, config().seq_len), targets = tokens.narrow(1, 1, config().seq_len);
+  torch::NoGradGuard no_grad;
+  const double expected = cross_entropy(plain->forward(inputs), targets).item<double>() * kGlobalBatch;
+  pp::Pipeline pipeline(world_ptr(), pp::Schedule::OneFOneB, 4);
+  const double got = pipeline.evaluate(
+      [&](const torch::Tensor& x) { return stage->forward(x); },
+      [&](const torch::Tensor& logits, const torch::Tensor& t) { return cross_entropy(logits, t) * t.size(0); }, inputs,
+      targets, {kGlobalBatch / 4, config().seq_len, config().n_embd});
+  EXPECT_NEAR(got, expected, 1e-4) << "summed over " << kGlobalBatch << " windows";
+  EXPECT_FALSE(stage->parameters().front().grad().defined()) << "evaluation leaves no gradients";
+}
+
 TEST(Pipeline, EveryScheduleEqualsSingleProcessTraining) {
   for (auto schedule : {pp::Schedule::GPipe, pp::Schedule::OneFOneB})
     for (int microbatches : {1, 2, 4}) train_and_compare(schedule, microbatches, /*sgd=*/true);
