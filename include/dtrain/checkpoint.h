@@ -121,6 +121,17 @@ struct HeldModel {
 HeldModel held_on_mesh(torch::nn::Module& module, const DeviceMesh& mesh);
 HeldModel held_on_mesh(FullyShardedBase& fsdp, const DeviceMesh& mesh);
 
+// Pipeline parallelism (dtrain/pipeline.h) on a mesh with dimensions "dp"
+// and "pp": what this rank's stage holds of the whole model (the stage whole
+// on each dp rank: one process, or DDP over dp), for save_checkpoint /
+// load_checkpoint over mesh.world(). `whole`: the whole model, for its names,
+// shapes and dtypes (a deferred one costs no memory), so that a checkpoint
+// lists every tensor and a load checks them all. A tensor that several
+// stages hold (GPT's tied wte, on the first and the last) is written once.
+// The checkpoint loads at any other pp, dp or strategy, and into the whole
+// model on one process.
+HeldModel held_on_pipeline(torch::nn::Module& stage, const torch::nn::Module& whole, const DeviceMesh& mesh);
+
 // load_safetensors_into for any view of what a rank holds (held_on_mesh:
 // a tensor-parallel model reads its slices of a whole model's file).
 void load_safetensors_into(const HeldModel& held, const std::string& path);

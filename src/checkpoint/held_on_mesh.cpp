@@ -4,12 +4,16 @@
 // with each tensor-parallel slice placed in its global tensor and the
 // replicated tensors counted as copies across the tp group too.
 #include "checkpoint/held_state.h"
+#include "checkpoint/rank_agreement.h"
 
 #include <dtrain/checkpoint.h>
 #include <dtrain/fsdp.h>
 #include <dtrain/mesh.h>
 #include <dtrain/tensor_parallel.h>
 
+#include <algorithm>
+#include <map>
+#include <sstream>
 #include <stdexcept>
 
 namespace dtrain {
@@ -57,6 +61,44 @@ HeldModel held_on_mesh(torch::nn::Module& module, const DeviceMesh& mesh) {
 
 HeldModel held_on_mesh(FullyShardedBase& fsdp, const DeviceMesh& mesh) {
   return place_on_mesh(detail::held_by_fsdp(fsdp), *fsdp.root_module(), mesh);
+}
+
+HeldModel held_on_pipeline(torch::nn::Module& stage, const torch::nn::Module& whole, const DeviceMesh& mesh) {
+  if (!mesh.has("dp") || !mesh.has("pp") || mesh.dims().size() != 2) {
+    throw std::invalid_argument("held_on_pipeline: the mesh " + mesh.describe() + " is not (dp, pp)");
+  }
+  HeldModel held = detail::held_by_module(stage, mesh.comm("dp"));
+  held.rank = mesh.world()->rank();
+  held.world_size = mesh.world()->size();
+  if (held.strategy == "single" && held.world_size > 1) held.strategy = "ddp";  // as held_on_mesh
+  // Which stages hold each name: every stage's names, gathered over pp.
+  std::string mine;
+  for (const auto& tensor : held.tensors) mine += tensor.name + "\n";
+  std::map<std::string, std::vector<int>> holders;
+  const auto all = detail::all_gather_strings(mesh.comm("pp"), mine);
+  for (size_t s = 0; s < all.size(); ++s) {
+    std::istringstream names(all[s]);
+    for (std::string name; std::getline(names, name);) holders[name].push_back(static_cast<int>(s));
+  }
+  const int pp_rank = mesh.rank("pp"), dp = mesh.size("dp");
+  for (HeldTensor& tensor : held.tensors) {
+    // Copy `replica` of the dp replicas, on the k-th of the stages that hold it.
+    const auto& stages = holders.at(tensor.name);
+    const int k = static_cast<int>(std::find(stages.begin(), stages.end(), pp_rank) - stages.begin());
+    tensor.replica = k * dp + tensor.replica;
+    tensor.replicas = static_cast<int>(stages.size()) * dp;
+  }
+  // The other stages' tensors, as empty pieces: named, so that a load checks them.
+  std::map<std::string, bool> held_here;
+  for (const auto& tensor : held.tensors) held_here[tensor.name] = true;
+  auto add_empty = [&](const std::string& name, const torch::Tensor& value) {
+    if (held_here.count(name)) return;
+    held.tensors.push_back({name, value.sizes().vec(), 0, 0, torch::empty({0}, torch::TensorOptions().dtype(value.scalar_type())),
+                            1, 0, torch::Tensor(), {}});
+  };
+  for (const auto& item : whole.named_parameters(true)) add_empty(item.key(), item.value());
+  for (const auto& item : whole.named_buffers(true)) add_empty(item.key(), item.value());
+  return held;
 }
 
 }  // namespace dtrain

@@ -5,7 +5,9 @@
 // 1e-5, the parameters within the FSDP equivalence tolerances at the end
 // (1e-6 under SGD with momentum, 1e-4 under AdamW). 1F1B keeps at most
 // stages - stage microbatches in flight, GPipe all of them.
+#include <dtrain/checkpoint.h>
 #include <dtrain/ddp.h>
+#include <dtrain/deferred_init.h>
 #include <dtrain/gpt_stage.h>
 #include <dtrain/memory.h>
 #include <dtrain/mesh.h>
@@ -18,7 +20,10 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -166,6 +171,72 @@ TEST(Pipeline, EveryScheduleEqualsSingleProcessTraining) {
   for (auto schedule : {pp::Schedule::GPipe, pp::Schedule::OneFOneB})
     for (int microbatches : {1, 2, 4}) train_and_compare(schedule, microbatches, /*sgd=*/true);
   train_and_compare(pp::Schedule::OneFOneB, 3, /*sgd=*/false);
+}
+
+// The stages' checkpoint (dtrain::held_on_pipeline, over the world) is the
+// whole model's: read back whole on one process it equals the checkpoint of
+// the single-process run (parameters and momentum within 1e-6; GPT's tied
+// wte written once although two stages hold it), it loads into the plain
+// GPT (pp = 1), and back onto the stages bitwise.
+TEST(Pipeline, TheStagesCheckpointIsTheWholeModels) {
+  dtrain::DeviceMesh mesh(world_ptr(), {{"dp", 1}, {"pp", world().size()}});
+  torch::manual_seed(29);
+  models::GPT plain(config());
+  torch::manual_seed(29);
+  models::GPTStage stage = my_stage();
+  torch::optim::SGD reference_optimizer(plain->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::SGD optimizer(stage->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  pp::Pipeline pipeline(world_ptr(), pp::Schedule::OneFOneB, 2);
+  for (int step = 0; step < 2; ++step) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(60 + step);
+    auto tokens = torch::randint(0, config().vocab_size, {kGlobalBatch, config().seq_len + 1}, generator);
+    const auto inputs = tokens.narrow(1, 0, config().seq_len), targets = tokens.narrow(1, 1, config().seq_len);
+    reference_optimizer.zero_grad();
+    cross_entropy(plain->forward(inputs), targets).backward();
+    reference_optimizer.step();
+    optimizer.zero_grad();
+    pipeline.step([&](const torch::Tensor& x) { return stage->forward(x); }, cross_entropy, inputs, targets,
+                  {kGlobalBatch / 2, config().seq_len, config().n_embd});
+    pp::sum_tied_gradients(stage->tied_weight(), pipeline);
+    optimizer.step();
+  }
+  std::shared_ptr<torch::nn::Module> whole;
+  {
+    dtrain::DeferredConstruction deferred;  // names, shapes and dtypes only
+    whole = models::GPT(config()).ptr();
+  }
+  auto pid = torch::tensor({world().rank() == 0 ? static_cast<int64_t>(::getpid()) : int64_t{0}});
+  world().blocking().all_reduce(pid, dtrain::ReduceOp::Sum);
+  const auto folder = std::filesystem::temp_directory_path() / ("dtrain-pp-checkpoint-" + std::to_string(pid.item<int64_t>()));
+  torch::NoGradGuard no_grad;
+  const dtrain::HeldModel held = dtrain::held_on_pipeline(*stage, *whole, mesh);
+  dtrain::save_checkpoint((folder / "stages").string(), held, &optimizer, 2, mesh.world());
+  if (world().rank() == 0) {
+    dtrain::save_checkpoint((folder / "single").string(), *plain, &reference_optimizer, 2);
+    const auto mine = dtrain::load_full_checkpoint((folder / "stages").string(), true);
+    const auto reference = dtrain::load_full_checkpoint((folder / "single").string(), true);
+    EXPECT_EQ(mine.size(), reference.size());
+    for (const auto& [name, value] : reference) {
+      auto it = mine.find(name);
+      ASSERT_NE(it, mine.end()) << name;
+      EXPECT_LE((it->second.to(torch::kDouble) - value.to(torch::kDouble)).abs().max().item<double>(), 1e-6) << name;
+    }
+    // Into the whole model on one process (pp = 1).
+    torch::manual_seed(99);
+    models::GPT fresh(config());
+    torch::optim::SGD fresh_optimizer(fresh->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    dtrain::load_checkpoint((folder / "stages").string(), *fresh, &fresh_optimizer);
+    for (const auto& [name, value] : named(*fresh)) EXPECT_TRUE(torch::equal(value, mine.at(name))) << name;
+  }
+  std::vector<torch::Tensor> saved;
+  for (const auto& tensor : held.tensors) {
+    saved.push_back(tensor.flat.clone());
+    tensor.flat.zero_();
+  }
+  dtrain::load_checkpoint((folder / "stages").string(), held, &optimizer, mesh.world());
+  for (size_t i = 0; i < saved.size(); ++i) EXPECT_TRUE(torch::equal(held.tensors[i].flat, saved[i])) << held.tensors[i].name;
+  world().barrier()->wait();
+  if (world().rank() == 0) std::filesystem::remove_all(folder);
 }
 
 // (dp, pp) = (2, 2) on 4 ranks: DDP over dp around each stage, reducing only
