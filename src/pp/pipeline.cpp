@@ -61,6 +61,21 @@ struct InFlight {
   torch::Tensor input, output;
 };
 
+// The samples per microbatch; throws when the batch does not split evenly.
+int64_t microbatch_size(const torch::Tensor& inputs, int microbatches) {
+  if (inputs.size(0) % microbatches != 0)
+    throw std::invalid_argument("pipeline: a batch of " + std::to_string(inputs.size(0)) + " does not split into " +
+                                std::to_string(microbatches) + " microbatches");
+  return inputs.size(0) / microbatches;
+}
+
+// The last stage's `value`, on every stage of `group`.
+double from_the_last_stage(const CommPtr& group, double value) {
+  auto total = torch::tensor({group->rank() == group->size() - 1 ? value : 0.0}, torch::kFloat64);
+  group->blocking().all_reduce(total, ReduceOp::Sum);
+  return total.item<double>();
+}
+
 }  // namespace
 
 double Pipeline::step(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
@@ -68,10 +83,7 @@ double Pipeline::step(const StageForward& forward, const StageLoss& loss, const 
                       torch::ScalarType dtype, const BackwardRunner& run_backward_with) {
   const int s = stage(), P = stages(), M = microbatches_;
   const bool first = s == 0, last = s == P - 1;
-  if (inputs.size(0) % M != 0)
-    throw std::invalid_argument("pipeline: a batch of " + std::to_string(inputs.size(0)) + " does not split into " +
-                                std::to_string(M) + " microbatches");
-  const int64_t micro = inputs.size(0) / M;
+  const int64_t micro = microbatch_size(inputs, M);
   const auto options = torch::TensorOptions().dtype(dtype);
   std::deque<InFlight> in_flight;  // forwarded, not yet backwarded, oldest first
   std::vector<WorkPtr> sends;      // waited for at the end (their tensors stay alive in them)
@@ -129,10 +141,7 @@ double Pipeline::step(const StageForward& forward, const StageLoss& loss, const 
   }
   for (auto& work : sends) work->wait();
 
-  // The loss lives on the last stage; every stage returns it.
-  auto total = torch::tensor({last ? loss_sum : 0.0}, torch::kFloat64);
-  group_->blocking().all_reduce(total, ReduceOp::Sum);
-  return total.item<double>();
+  return from_the_last_stage(group_, loss_sum);  // the loss lives on the last stage
 }
 
 double Pipeline::evaluate(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
@@ -141,10 +150,7 @@ double Pipeline::evaluate(const StageForward& forward, const StageLoss& loss, co
   torch::NoGradGuard no_grad;
   const int s = stage(), P = stages(), M = microbatches_;
   const bool first = s == 0, last = s == P - 1;
-  if (inputs.size(0) % M != 0)
-    throw std::invalid_argument("pipeline: a batch of " + std::to_string(inputs.size(0)) + " does not split into " +
-                                std::to_string(M) + " microbatches");
-  const int64_t micro = inputs.size(0) / M;
+  const int64_t micro = microbatch_size(inputs, M);
   std::vector<WorkPtr> sends;
   double sum = 0;
   for (int m = 0; m < M; ++m) {
@@ -161,9 +167,7 @@ double Pipeline::evaluate(const StageForward& forward, const StageLoss& loss, co
     }
   }
   for (auto& work : sends) work->wait();
-  auto total = torch::tensor({last ? sum : 0.0}, torch::kFloat64);
-  group_->blocking().all_reduce(total, ReduceOp::Sum);
-  return total.item<double>();
+  return from_the_last_stage(group_, sum);
 }
 
 void sum_tied_gradients(const torch::Tensor& weight, const Pipeline& pipeline) {
