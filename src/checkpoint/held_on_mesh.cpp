@@ -19,17 +19,23 @@
 namespace dtrain {
 namespace {
 
+// A view the dp engine built over its group, made one of the mesh's whole
+// world (the save and load are over mesh.world()). The manifest names the
+// data-parallel engine; one replica over dp (a single-process model split
+// over tp or pp) is laid out as DDP's.
+void over_the_world(HeldModel& held, const DeviceMesh& mesh) {
+  held.rank = mesh.world()->rank();
+  held.world_size = mesh.world()->size();
+  if (held.strategy == "single" && held.world_size > 1) held.strategy = "ddp";
+}
+
 HeldModel place_on_mesh(HeldModel held, const torch::nn::Module& root, const DeviceMesh& mesh) {
   if (!mesh.has("dp") || !mesh.has("tp") || mesh.dims().size() != 2) {
     throw std::invalid_argument("held_on_mesh: the mesh " + mesh.describe() + " is not (dp, tp)");
   }
   const auto places = tp::parameter_places(root);
   const int tp_rank = mesh.rank("tp"), tp_size = mesh.size("tp");
-  held.rank = mesh.world()->rank();
-  held.world_size = mesh.world()->size();
-  // The manifest names the data-parallel engine; one replica over dp (a
-  // single-process model split over tp) is laid out as DDP's.
-  if (held.strategy == "single" && held.world_size > 1) held.strategy = "ddp";
+  over_the_world(held, mesh);
   for (HeldTensor& tensor : held.tensors) {
     auto place = places.find(tensor.name);
     if (place == places.end()) {
@@ -68,9 +74,7 @@ HeldModel held_on_pipeline(torch::nn::Module& stage, const torch::nn::Module& wh
     throw std::invalid_argument("held_on_pipeline: the mesh " + mesh.describe() + " is not (dp, pp)");
   }
   HeldModel held = detail::held_by_module(stage, mesh.comm("dp"));
-  held.rank = mesh.world()->rank();
-  held.world_size = mesh.world()->size();
-  if (held.strategy == "single" && held.world_size > 1) held.strategy = "ddp";  // as held_on_mesh
+  over_the_world(held, mesh);
   // Which stages hold each name: every stage's names, gathered over pp.
   std::string mine;
   for (const auto& tensor : held.tensors) mine += tensor.name + "\n";
