@@ -105,7 +105,8 @@ fi
 kit_lib=$KIT/root/usr/lib/x86_64-linux-gnu
 ld_path=$kit_lib
 for pair in udev:libudev.so.1 z:libz.so.1; do
-  if ! ldconfig -p 2>/dev/null | grep -q "${pair#*:} "; then
+  # (grep reads from a file, not a pipe: under pipefail grep -q's early exit could fail ldconfig with SIGPIPE.)
+  if ! grep -q "${pair#*:} " <(ldconfig -p 2>/dev/null); then
     echo "this machine has no ${pair#*:}: using the kit's copy"
     ld_path=$ld_path:$KIT/fallback/${pair%%:*}
   fi

@@ -136,7 +136,10 @@ grow_step=$(grep -oE 'restart to grow .* with the checkpoint of step [0-9]+' "$W
 grep -q 'starting 2 ranks on hA:2 (lost: hB:2' "$WORK/elastic.log" || fail "the restart did not run on hA's 2 ranks with hB lost"
 [[ -n $grow_step ]] || fail "the launcher did not restart the job to grow once hB answered again"
 # After the grow's restart (not the first attempt's line), on 4 ranks, with no step lost.
-sed -n '/restart to grow/,$p' "$WORK/elastic.log" | grep -q 'starting 4 ranks on hA:2,hB:2$' ||
+# (One awk, not sed | grep -q: under pipefail grep -q's early exit can kill
+# sed with SIGPIPE and fail the check although the line is there.)
+awk '/restart to grow/ { grown = 1 } grown && /starting 4 ranks on hA:2,hB:2$/ { found = 1 } END { exit !found }' \
+  "$WORK/elastic.log" ||
   fail "the job did not grow back to 4 ranks on hA and hB after the restart to grow"
 grep -q 'restart to grow .* 0 steps lost' "$WORK/elastic.log" || fail "the grow lost steps"
 python3 - "$WORK/elastic.jsonl" <<'PY' || fail "the final metrics line does not say restarts = 2, world_size = 4"
