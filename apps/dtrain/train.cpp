@@ -130,6 +130,18 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
   parallel->add_flag("--sequence-parallel", c.sequence_parallel,
                      "With --tp: split the activations outside attention and the MLP (residual stream, LayerNorms) "
                      "along the sequence too, instead of holding them whole on every rank of the group");
+  parallel->add_option("--pp", c.pp,
+                       "gpt: pipeline parallelism, the blocks in N consecutive stages on N groups of ranks (a (dp, pp) "
+                       "mesh with dp = ranks / N; --strategy runs over the dp groups of each stage)")
+      ->check(kPositive)->capture_default_str();
+  parallel->add_option("--microbatches", c.microbatches,
+                       "With --pp: each rank's part of the batch runs through the stages as M microbatches (more: a "
+                       "smaller pipeline bubble, (pp-1)/(M+pp-1) of the step)")
+      ->check(kPositive)->capture_default_str();
+  parallel->add_option("--schedule", c.schedule,
+                       "With --pp: 1f1b (one forward, one backward: at most pp microbatches' activations alive) or "
+                       "gpipe (all forwards, then all backwards: all M alive)")
+      ->check(CLI::IsMember({"1f1b", "gpipe"}))->capture_default_str();
   parallel->add_option("--backend", f.backend, "How the started ranks find each other: mpi | c10d")
       ->check(CLI::IsMember({"mpi", "c10d"}))->capture_default_str();
   parallel->add_option("--compress", c.compress, "DDP gradient compression: none | bf16 | powersgd | topk")
@@ -261,9 +273,10 @@ void resolve_defaults(const CLI::App& app, TrainFlags& f) {
 }
 
 int default_nproc(const TrainConfig& c) {
-  if (const StrategyInfo* row = find_strategy(c.strategy); row && !row->multi_rank) return c.tp;
+  const int model_parallel = c.tp * c.pp;  // the ranks one data-parallel replica spans
+  if (const StrategyInfo* row = find_strategy(c.strategy); row && !row->multi_rank) return model_parallel;
   const int ranks = std::min(4, default_threads_per_rank(1));  // the cores this process may use
-  return ranks % c.tp == 0 ? ranks : c.tp;
+  return ranks % model_parallel == 0 ? ranks : model_parallel;
 }
 
 // One rank: this process's part of the job.
@@ -345,9 +358,14 @@ int train_main(const std::vector<std::string>& args) {
     const int fixed = default_nproc(config);
     const RankRange range = given(app, "--nproc") ? parse_rank_range(flags.nproc, "--nproc") : RankRange{fixed, fixed};
     const int nproc = range.max;
-    if (const StrategyInfo* row = find_strategy(config.strategy); row && !row->multi_rank && nproc > config.tp)
-      throw std::invalid_argument("--strategy " + config.strategy + " trains one process" +
-                                  (config.tp > 1 ? " per tensor-parallel group" : std::string()) + "; --nproc " +
+    if (const StrategyInfo* row = find_strategy(config.strategy);
+        row && !row->multi_rank && nproc > config.tp * config.pp)
+      throw std::invalid_argument("--strategy " + config.strategy +
+                                  (config.tp * config.pp > 1 ? " trains one replica (a rank per stage and "
+                                                               "tensor-parallel slice: --nproc " +
+                                                                   std::to_string(config.tp * config.pp) + ")"
+                                                             : std::string(" trains one process")) +
+                                  "; --nproc " +
                                   to_string(range) + " needs a data-parallel strategy such as --strategy ddp");
     // Every check that needs no data, before any rank starts: at both ends of
     // an elastic range.

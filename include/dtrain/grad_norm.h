@@ -19,4 +19,14 @@ namespace dtrain {
 double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type,
                       Communicator* shards_across);
 
+// Clips by the global 2-norm of a model that several groups of ranks hold
+// together (tensor- and pipeline-parallel parts): parameter i's squared
+// gradient norm counts with weights[i] (1: only this rank holds it; 1/n: one
+// of n equal copies in a group summed over; 0: a copy another rank counts),
+// and the weighted sums are added over each communicator of `sum_over` in
+// turn (nullptr entries are skipped). Every gradient is scaled, counted or
+// not, so that copies stay equal. Returns the norm before clipping.
+double clip_grad_norm_of_parts(const std::vector<torch::Tensor>& parameters, const std::vector<double>& weights,
+                               double max_norm, const std::vector<Communicator*>& sum_over);
+
 }  // namespace dtrain

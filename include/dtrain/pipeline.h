@@ -88,12 +88,21 @@ class Pipeline {
               torch::ScalarType dtype = torch::kFloat32, const BackwardRunner& run_backward = nullptr);
 
   // Evaluation: forwards only, without gradients, microbatch after
-  // microbatch through the stages. `loss` gives the last stage's value for a
+  // microbatch through the stages. The batch splits into min(M, B)
+  // microbatches as evenly as it goes (activation_shape's first dimension is
+  // each microbatch's size). `loss` gives the last stage's value for a
   // microbatch (e.g. its summed per-sample losses); returns the sum over the
   // microbatches on every stage. Collective over the group.
   double evaluate(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
-                  const torch::Tensor& targets, const std::vector<int64_t>& activation_shape,
+                  const torch::Tensor& targets, std::vector<int64_t> activation_shape,
                   torch::ScalarType dtype = torch::kFloat32);
+
+  // Inference on the whole batch as one microbatch: the last stage's output
+  // (of `output_shape`, in `dtype`), on every stage. For generating text
+  // (a forward per new token); without gradients. Collective over the group.
+  torch::Tensor infer(const StageForward& forward, const torch::Tensor& inputs,
+                      const std::vector<int64_t>& activation_shape, const std::vector<int64_t>& output_shape,
+                      torch::ScalarType dtype = torch::kFloat32);
 
   // The most microbatches whose activations this stage held at once in the
   // last step (1F1B: at most stages - stage; GPipe: microbatches).

@@ -54,6 +54,13 @@ struct TrainConfig {
   // With tp > 1: split the activations outside attention and the MLP along
   // the sequence too (dtrain/tp_gpt.h); seq_len must be a multiple of tp.
   bool sequence_parallel = false;
+  // Pipeline parallelism (gpt): pp consecutive groups of ranks hold
+  // consecutive stages of the blocks (dtrain/pipeline.h); the mesh is
+  // (dp, pp, tp). Each rank's part of the batch runs as `microbatches`
+  // microbatches under `schedule` ("1f1b" | "gpipe").
+  int pp = 1;
+  int microbatches = 1;
+  std::string schedule = "1f1b";
   std::string compress = "none";  // none | bf16 | powersgd | topk
   std::string mixed_precision = "none";
   // zero1 / zero2 / fsdp / hsdp: prefetch the next unit's all-gather "on",

@@ -55,4 +55,28 @@ double clip_grad_norm(const std::vector<torch::Tensor>& parameters, double max_n
   return total_norm;
 }
 
+double clip_grad_norm_of_parts(const std::vector<torch::Tensor>& parameters, const std::vector<double>& weights,
+                               double max_norm, const std::vector<Communicator*>& sum_over) {
+  if (parameters.size() != weights.size())
+    throw std::invalid_argument("clip_grad_norm_of_parts: " + std::to_string(parameters.size()) + " parameters but " +
+                                std::to_string(weights.size()) + " weights");
+  torch::NoGradGuard no_grad;
+  auto local = torch::zeros({1}, torch::kFloat64);
+  std::vector<torch::Tensor> grads;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const torch::Tensor& g = parameters[i].grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    if (g.numel() == 0 || weights[i] == 0) continue;
+    local += g.to(torch::kFloat64).pow(2).sum() * weights[i];
+  }
+  for (Communicator* comm : sum_over) {
+    if (comm != nullptr && comm->size() > 1) comm->blocking().all_reduce(local, ReduceOp::Sum);
+  }
+  const torch::Tensor total = local[0].sqrt().to(torch::kFloat32);
+  const auto coefficient = torch::clamp(max_norm / (total + 1e-6), std::nullopt, 1.0);
+  for (auto& g : grads) g.mul_(coefficient);
+  return total.item<double>();
+}
+
 }  // namespace dtrain

@@ -2,6 +2,8 @@
 // stages of a group, activations and gradients point to point.
 #include "dtrain/pipeline.h"
 
+#include "dtrain/trace.h"
+
 #include <torch/autograd.h>
 
 #include <algorithm>
@@ -96,9 +98,11 @@ double Pipeline::step(const StageForward& forward, const StageLoss& loss, const 
       f.input = inputs.narrow(0, m * micro, micro);
     } else {
       f.input = torch::empty(activation_shape, options);
+      trace::Span waiting("pp_recv_activation", trace::category::wait, {{"microbatch", m}});
       forward_channel_->recv(f.input, s - 1, m)->wait();
       f.input.requires_grad_(true);
     }
+    trace::Span computing("pp_forward", trace::category::compute, {{"microbatch", m}});
     f.output = forward(f.input);
     if (last) {
       // Each microbatch's share of the batch mean.
@@ -116,8 +120,10 @@ double Pipeline::step(const StageForward& forward, const StageLoss& loss, const 
     torch::Tensor gradient;  // of the output: none on the last stage (it is the loss)
     if (!last) {
       gradient = torch::empty_like(f.output, torch::MemoryFormat::Contiguous);
+      trace::Span waiting("pp_recv_gradient", trace::category::wait, {{"microbatch", m}});
       backward_channel_->recv(gradient, s + 1, m)->wait();
     }
+    trace::Span computing("pp_backward", trace::category::compute, {{"microbatch", m}});
     const auto backward = [&] { last ? f.output.backward() : f.output.backward(gradient); };
     if (run_backward_with) {
       run_backward_with(m == M - 1, backward);
@@ -139,35 +145,61 @@ double Pipeline::step(const StageForward& forward, const StageLoss& loss, const 
     }
     for (int m = M - warmup; m < M; ++m) run_backward(m);
   }
-  for (auto& work : sends) work->wait();
-
+  {
+    trace::Span waiting("pp_send_drain", trace::category::wait);
+    for (auto& work : sends) work->wait();
+  }
   return from_the_last_stage(group_, loss_sum);  // the loss lives on the last stage
 }
 
 double Pipeline::evaluate(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
-                          const torch::Tensor& targets, const std::vector<int64_t>& activation_shape,
+                          const torch::Tensor& targets, std::vector<int64_t> activation_shape,
                           torch::ScalarType dtype) {
   torch::NoGradGuard no_grad;
-  const int s = stage(), P = stages(), M = microbatches_;
+  const int s = stage(), P = stages();
   const bool first = s == 0, last = s == P - 1;
-  const int64_t micro = microbatch_size(inputs, M);
+  const int64_t batch = inputs.size(0);
+  const int64_t M = std::min<int64_t>(microbatches_, batch);
   std::vector<WorkPtr> sends;
   double sum = 0;
-  for (int m = 0; m < M; ++m) {
-    torch::Tensor input = inputs.narrow(0, m * micro, micro);
+  int64_t begin = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t size = batch / M + (m < batch % M ? 1 : 0);
+    torch::Tensor input = inputs.narrow(0, begin, size);
     if (!first) {
+      activation_shape.at(0) = size;
       input = torch::empty(activation_shape, torch::TensorOptions().dtype(dtype));
-      forward_channel_->recv(input, s - 1, m)->wait();
+      forward_channel_->recv(input, s - 1, static_cast<int>(m))->wait();
     }
     const torch::Tensor output = forward(input);
     if (last) {
-      sum += loss(output, targets.narrow(0, m * micro, micro)).item<double>();
+      sum += loss(output, targets.narrow(0, begin, size)).item<double>();
     } else {
-      sends.push_back(forward_channel_->send(output.contiguous(), s + 1, m));
+      sends.push_back(forward_channel_->send(output.contiguous(), s + 1, static_cast<int>(m)));
     }
+    begin += size;
   }
   for (auto& work : sends) work->wait();
   return from_the_last_stage(group_, sum);
+}
+
+torch::Tensor Pipeline::infer(const StageForward& forward, const torch::Tensor& inputs,
+                              const std::vector<int64_t>& activation_shape, const std::vector<int64_t>& output_shape,
+                              torch::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  const int s = stage(), P = stages();
+  torch::Tensor input = inputs;
+  if (s > 0) {
+    input = torch::empty(activation_shape, torch::TensorOptions().dtype(dtype));
+    forward_channel_->recv(input, s - 1, 0)->wait();
+  }
+  torch::Tensor output = forward(input).contiguous();
+  if (s < P - 1) {
+    forward_channel_->send(output, s + 1, 0)->wait();
+    output = torch::empty(output_shape, torch::TensorOptions().dtype(dtype));
+  }
+  group_->blocking().broadcast(output, P - 1);
+  return output;
 }
 
 void sum_tied_gradients(const torch::Tensor& weight, const Pipeline& pipeline) {

@@ -182,12 +182,46 @@ void check_tensor_parallel_flags(const TrainConfig& c, int world_size) {
   if (c.balance) fail(tp + " does not work with --balance (the tp ranks of a dp group share one batch part)");
 }
 
+// --pp N: a (dp, pp) mesh of GPT stages (dtrain/pipeline.h). What it does
+// not combine with yet is refused here, naming the flag.
+void check_pipeline_flags(const TrainConfig& c, int world_size) {
+  if (c.pp < 1) fail("--pp must be >= 1, got " + std::to_string(c.pp));
+  if (c.microbatches < 1) fail("--microbatches must be >= 1, got " + std::to_string(c.microbatches));
+  if (!one_of(c.schedule, {"1f1b", "gpipe"})) fail("--schedule '" + c.schedule + "' is not one of: 1f1b, gpipe");
+  if (c.pp == 1) {
+    if (c.microbatches > 1)
+      fail("--microbatches splits a pipeline's batch between its stages: it needs --pp N with N > 1");
+    return;
+  }
+  const std::string pp = "--pp " + std::to_string(c.pp);
+  if (c.model != "gpt") fail(pp + " divides the GPT's blocks into stages: it needs --model gpt (got --model " + c.model + ")");
+  if (c.tp > 1)
+    fail(pp + " with --tp " + std::to_string(c.tp) + " (a 3-D mesh) is not available in dtrain train yet; use one of them");
+  if (world_size % c.pp != 0)
+    fail(pp + " does not divide the " + std::to_string(world_size) + " ranks (--nproc): the ranks form a (dp, pp) "
+         "mesh with dp = ranks / pp");
+  if (c.gpt_layers < c.pp)
+    fail(pp + " needs at least " + std::to_string(c.pp) + " blocks (one per stage), got --gpt-layers " +
+         std::to_string(c.gpt_layers));
+  if (!one_of(c.strategy, {"single", "ddp"}))
+    fail(pp + " combines with --strategy single or ddp (over the dp groups) so far, not " + c.strategy);
+  if (c.compress != "none") fail(pp + " does not work with --compress " + c.compress + " yet");
+  if (c.balance) fail(pp + " does not work with --balance (a batch part splits into equal microbatches)");
+  const int dp = world_size / c.pp;
+  if (c.batch_size % (static_cast<int64_t>(dp) * c.microbatches) != 0)
+    fail("--batch-size " + std::to_string(c.batch_size) + " must split into " + std::to_string(dp) +
+         (dp == 1 ? " data-parallel group" : " data-parallel groups") + " x --microbatches " +
+         std::to_string(c.microbatches) + " equal microbatches (a multiple of " +
+         std::to_string(dp * c.microbatches) + ")");
+}
+
 }  // namespace
 
 void check_train_config(const TrainConfig& c, int world_size) {
   check_tensor_parallel_flags(c, world_size);
+  check_pipeline_flags(c, world_size);
   // The ranks that read data and run --strategy: the dp groups of the mesh.
-  const int data_ranks = c.tp > 1 ? world_size / c.tp : world_size;
+  const int data_ranks = world_size / std::max(1, c.tp * c.pp);
   if (!one_of(c.model, {"mlp", "cnn", "gpt"})) fail("--model '" + c.model + "' is not one of: mlp, cnn, gpt");
   if (c.model == "mlp") {
     if (c.mlp_hidden.empty()) fail("--mlp-hidden needs at least one width, e.g. 256,256");
@@ -222,8 +256,8 @@ void check_train_config(const TrainConfig& c, int world_size) {
   check_positive("--batch-size", c.batch_size);
   if (c.batch_size < data_ranks)
     fail("--batch-size " + std::to_string(c.batch_size) + " is the global batch, split over " +
-         std::to_string(data_ranks) + (c.tp > 1 ? " data-parallel groups" : " ranks") +
-         ": it must be at least the number of " + (c.tp > 1 ? "groups" : "ranks"));
+         std::to_string(data_ranks) + (c.tp * c.pp > 1 ? " data-parallel groups" : " ranks") +
+         ": it must be at least the number of " + (c.tp * c.pp > 1 ? "groups" : "ranks"));
 
   if (!one_of(c.optimizer, {"sgd", "adamw"})) fail("--optimizer '" + c.optimizer + "' is not one of: sgd, adamw");
   if (!(c.lr > 0.0)) fail("--lr must be positive, got " + std::to_string(c.lr));

@@ -12,6 +12,18 @@ namespace dtrain::train {
 
 Evaluation evaluate(const Forward& forward, Model& model, const data::Dataset& validation, int64_t count, int64_t chunk,
                     Communicator& world) {
+  const auto part_loss = [&](const data::Batch& batch) {
+    const torch::Tensor logits = forward(batch.inputs);
+    PartTotals totals;
+    totals.loss_sum = model.loss(logits, batch.targets).sum().item<double>();
+    if (model.classification) totals.correct = logits.argmax(1).eq(batch.targets).sum().item<double>();
+    return totals;
+  };
+  return evaluate(part_loss, model, validation, count, chunk, world);
+}
+
+Evaluation evaluate(const PartLoss& part_loss, Model& model, const data::Dataset& validation, int64_t count,
+                    int64_t chunk, Communicator& world) {
   const int world_size = world.size();
   if (count < world_size || count > validation.size())
     throw std::invalid_argument("evaluate: " + std::to_string(count) + " samples for " + std::to_string(world_size) +
@@ -31,10 +43,9 @@ Evaluation evaluate(const Forward& forward, Model& model, const data::Dataset& v
     const ShardRange mine = shard_range(in_chunk.count, world_size, world.rank());
     std::vector<int64_t> indices(static_cast<size_t>(mine.count));
     std::iota(indices.begin(), indices.end(), in_chunk.offset + mine.offset);
-    const data::Batch batch = validation.get_batch(indices);
-    const torch::Tensor logits = forward(batch.inputs);
-    loss_sum += model.loss(logits, batch.targets).sum().item<double>();
-    if (model.classification) correct += logits.argmax(1).eq(batch.targets).sum().item<double>();
+    const PartTotals totals = part_loss(validation.get_batch(indices));
+    loss_sum += totals.loss_sum;
+    correct += totals.correct;
   }
   model.module->train(was_training);
 

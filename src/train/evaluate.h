@@ -29,4 +29,15 @@ using Forward = std::function<torch::Tensor(const torch::Tensor& inputs)>;
 Evaluation evaluate(const Forward& forward, Model& model, const data::Dataset& validation, int64_t count, int64_t chunk,
                     Communicator& world);
 
+// The same with each rank's part of a chunk evaluated by `part_loss`: the
+// sum of its per-sample losses and (classification) its correct
+// predictions. --pp: the stages of a pipeline evaluate their dp rank's part
+// together, and each returns the pipeline's sums.
+struct PartTotals {
+  double loss_sum = 0, correct = 0;
+};
+using PartLoss = std::function<PartTotals(const data::Batch& part)>;
+Evaluation evaluate(const PartLoss& part_loss, Model& model, const data::Dataset& validation, int64_t count,
+                    int64_t chunk, Communicator& world);
+
 }  // namespace dtrain::train

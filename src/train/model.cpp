@@ -1,5 +1,9 @@
 #include "train/model.h"
 
+#include <dtrain/deferred_init.h>
+#include <dtrain/gpt_stage.h>
+#include <dtrain/mesh.h>
+#include <dtrain/pipeline.h>
 #include <dtrain/strategy_table.h>
 #include <dtrain/tp_gpt.h>
 
@@ -50,6 +54,37 @@ Model build_model(const TrainConfig& config, bool deferred, CommPtr tp_group) {
   model.loss = per_sample_loss;
   model.full_logits = [](const torch::Tensor& logits) { return logits; };
   model.parameters = models::parameter_count(*model.module);
+  return model;
+}
+
+std::optional<DeviceMesh> make_mesh(const TrainConfig& config, const CommPtr& world) {
+  if (config.tp == 1 && config.pp == 1) return std::nullopt;
+  std::vector<std::pair<std::string, int>> dimensions{{"dp", -1}};
+  if (config.pp > 1) dimensions.emplace_back("pp", config.pp);
+  if (config.tp > 1) dimensions.emplace_back("tp", config.tp);
+  return std::optional<DeviceMesh>(std::in_place, world, dimensions);
+}
+
+Model build_stage(const TrainConfig& config, const DeviceMesh& mesh) {
+  const int stage = mesh.rank("pp"), stages = mesh.size("pp");
+  const models::GPTConfig gpt = gpt_config(config);
+  const pp::StageBlocks blocks = pp::divide_blocks(gpt.n_layer, stages)[static_cast<size_t>(stage)];
+  models::GPTStage module(gpt, stage, stages, blocks.first, blocks.last);
+  Model model;
+  model.module = module.ptr();
+  model.forward = [module](const torch::Tensor& x) mutable { return module->forward(x); };
+  model.loss = per_sample_loss;
+  model.full_logits = [](const torch::Tensor& logits) { return logits; };
+  model.mesh = &mesh;
+  model.pp_group = mesh.comm("pp");
+  {
+    DeferredConstruction deferring;  // names, shapes and dtypes only
+    model.whole = models::GPT(gpt).ptr();
+  }
+  model.tied_weight = module->tied_weight();
+  if (stages > 1 && module->is_last()) model.tied_copy = "wte.weight";
+  model.parameters = models::GPTImpl::parameter_count(gpt);
+  model.classification = false;
   return model;
 }
 

@@ -10,12 +10,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
-namespace dtrain {
-class DeviceMesh;
-}
+#include "dtrain/mesh.h"
 
 namespace dtrain::train {
 
@@ -34,8 +33,19 @@ struct Model {
   // parameters that are slices (the others are replicated across it).
   CommPtr tp_group;
   std::vector<std::string> tp_split_names;
-  // --tp: the (dp, tp) mesh (the trainer's); checkpoints are the whole mesh's.
+  // --tp, --pp: the trainer's mesh; checkpoints are the whole mesh's.
   const DeviceMesh* mesh = nullptr;
+  // --pp: module is this rank's models::GPTStage and forward its forward
+  // (tokens or the previous stage's activation -> activation or logits).
+  // `whole`: the whole GPT deferred (names and shapes, no storage), which
+  // checkpoints list; `tied_copy`: the name of a parameter this stage holds
+  // that another stage counts too (the last stage's copy of the tied wte),
+  // left out of gradient norms; `tied_weight`: the tied wte on the first and
+  // last stage (pp::sum_tied_gradients).
+  CommPtr pp_group;
+  std::shared_ptr<torch::nn::Module> whole;
+  std::string tied_copy;
+  torch::Tensor tied_weight;
   int64_t parameters = 0;      // of the whole model (all tensor-parallel slices)
   bool classification = true;  // mlp, cnn: logits [B,10]; gpt: logits [B,T,256] (under --tp: [B,T,256/tp])
 };
@@ -46,6 +56,16 @@ struct Model {
 // sharded strategies materialise each unit straight into its shards. With
 // config.tp > 1, the GPT is split across `tp_group` (dtrain/tp_gpt.h).
 Model build_model(const TrainConfig& config, bool deferred = false, CommPtr tp_group = nullptr);
+
+// --tp, --pp: the ranks as the (dp, pp, tp) mesh (tp innermost; the
+// dimensions of size 1 left out); none without either.
+std::optional<DeviceMesh> make_mesh(const TrainConfig& config, const CommPtr& world);
+
+// --pp: this rank's stage of the GPT on `mesh` (dimensions "dp" and "pp"),
+// its blocks divided evenly among the stages. Seed LibTorch's default
+// generator first, as for build_model: the stages hold the weights of the
+// GPT build_model gives after the same seed.
+Model build_stage(const TrainConfig& config, const DeviceMesh& mesh);
 
 // Whether `strategy` (zero1, zero2, fsdp, hsdp) shards the model, and so
 // builds it deferred.

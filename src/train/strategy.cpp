@@ -3,6 +3,7 @@
 #include "dtrain/comm_hooks.h"
 #include "dtrain/ddp.h"
 #include "dtrain/fsdp.h"
+#include "dtrain/grad_norm.h"
 #include "dtrain/mesh.h"
 #include "dtrain/strategy_table.h"
 #include "dtrain/tensor_parallel.h"
@@ -46,6 +47,25 @@ double clip_tensor_parallel(const Model& model, const std::vector<std::pair<std:
   return tp::clip_grad_norm(parameters, is_split, max_norm, shards_across, *model.tp_group);
 }
 
+// --grad-clip under --pp: the norm over every stage's gradients (whole on
+// each dp rank: single or ddp), the tied wte once.
+double clip_pipeline(const Model& model, double max_norm) {
+  std::vector<torch::Tensor> parameters;
+  std::vector<double> weights;
+  for (const auto& item : model.module->named_parameters()) {
+    parameters.push_back(item.value());
+    weights.push_back(item.key() == model.tied_copy ? 0.0 : 1.0);
+  }
+  return clip_grad_norm_of_parts(parameters, weights, max_norm, {model.pp_group.get()});
+}
+
+// What a rank holds under --tp or --pp, whole on each dp rank (single, ddp),
+// as a checkpoint of the whole model.
+HeldModel held_on_the_mesh(const Model& model) {
+  if (model.whole) return held_on_pipeline(*model.module, *model.whole, *model.mesh);
+  return held_on_mesh(*model.module, *model.mesh);
+}
+
 // Under --tp a checkpoint is the whole mesh's: every rank of the world
 // writes and reads its place in the global tensors (dtrain::held_on_mesh),
 // so that it loads on another mesh, strategy or world size.
@@ -81,6 +101,7 @@ class SingleProcess final : public Strategy {
   torch::Tensor forward(const torch::Tensor& inputs) override { return model_.forward(inputs); }
   std::vector<torch::Tensor> optimizer_parameters() override { return model_.module->parameters(); }
   double clip_grad_norm(double max_norm) override {
+    if (model_.pp_group) return clip_pipeline(model_, max_norm);
     if (model_.tp_group) return clip_tensor_parallel(model_, named_parameters(*model_.module), max_norm, nullptr);
     return dtrain::clip_grad_norm(model_.module->parameters(), max_norm, 2.0, /*shards_across=*/nullptr);
   }
@@ -94,7 +115,7 @@ class SingleProcess final : public Strategy {
     return load_checkpoint(dir, *model_.module, &optimizer);
   }
   HeldModel held() override {
-    return model_.mesh ? held_on_mesh(*model_.module, *model_.mesh) : detail::held_by_module(*model_.module, nullptr);
+    return model_.mesh ? held_on_the_mesh(model_) : detail::held_by_module(*model_.module, nullptr);
   }
   void load_initial_weights(const std::string& path) override {
     if (model_.mesh) return init_on_mesh(held(), path);
@@ -118,8 +139,16 @@ class DataParallel final : public Strategy {
   }
   std::vector<torch::Tensor> optimizer_parameters() override { return ddp_.parameters(); }
   double clip_grad_norm(double max_norm) override {
+    if (model_.pp_group) return clip_pipeline(model_, max_norm);
     if (model_.tp_group) return clip_tensor_parallel(model_, named_parameters(*model_.module), max_norm, nullptr);
     return dtrain::clip_grad_norm(ddp_, max_norm);
+  }
+  // Microbatches (--pp): gradients accumulate locally and are averaged over
+  // dp in the step's last backward only.
+  void run_backward(bool last_in_step, const std::function<void()>& backward) override {
+    if (last_in_step) return backward();
+    auto accumulate_only = ddp_.no_sync();
+    backward();
   }
   // Every replica is equal: each rank writes 1/world of it.
   void save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step,
@@ -132,7 +161,7 @@ class DataParallel final : public Strategy {
     return load_checkpoint(dir, *model_.module, &optimizer, world_);
   }
   HeldModel held() override {
-    return model_.mesh ? held_on_mesh(*model_.module, *model_.mesh) : detail::held_by_module(*model_.module, world_);
+    return model_.mesh ? held_on_the_mesh(model_) : detail::held_by_module(*model_.module, world_);
   }
   void load_initial_weights(const std::string& path) override {
     if (model_.mesh) return init_on_mesh(held(), path);

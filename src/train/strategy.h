@@ -13,6 +13,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,6 +42,14 @@ class Strategy {
   // Applies the optimizer's update (sharded strategies: then make the
   // updated parameters whole again where they need to be).
   virtual void optimizer_step(torch::optim::Optimizer& optimizer) { optimizer.step(); }
+
+  // Runs one microbatch's backward (--pp: several per step, the last with
+  // `last_in_step`); engines that reduce gradients in backward do so only in
+  // the last (DDP's no_sync for the others).
+  virtual void run_backward(bool last_in_step, const std::function<void()>& backward) {
+    (void)last_in_step;
+    backward();
+  }
 
   // Seconds the last backward spent waiting for other ranks (ddp: the end
   // of backward waiting on its buckets; 0 where unknown). --slow-rank and

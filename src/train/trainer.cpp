@@ -17,6 +17,7 @@
 #include "dtrain/data.h"
 #include "dtrain/mesh.h"
 #include "dtrain/memory.h"
+#include "dtrain/pipeline.h"
 #include "dtrain/trace.h"
 #include "train/background_checkpoints.h"
 #include "train/checkpointing.h"
@@ -72,13 +73,13 @@ class DataParallelRun final : public train::StepSource {
   Communicator* lockstep_ranks() override { return world_.get(); }
   void resplit(const std::vector<int64_t>& sizes) override { make_sampler(sizes); }
   void save_checkpoint(int64_t step) override;
-  train::Evaluation evaluate() override {
-    return train::evaluate([&](const torch::Tensor& inputs) { return strategy_->forward(inputs); }, model_,
-                           *data_.validation, eval_count_, eval_chunk_, *data_world_);
-  }
+  train::Evaluation evaluate() override;
 
  private:
   void make_sampler(std::vector<int64_t> local_batch_sizes);
+  double forward_and_backward(int64_t step, const data::Batch& part);
+  double pipeline_forward_and_backward(int64_t step, const data::Batch& part);
+  std::vector<int64_t> activation_shape(int64_t samples) const;
   void build();
   void print_banner() const;
   int64_t resume();
@@ -89,13 +90,15 @@ class DataParallelRun final : public train::StepSource {
   const TrainConfig& config_;
   CommPtr world_;
   const int world_size_, rank_;
-  // --tp: the (dp, tp) mesh. The ranks of one tp group share a batch part and
-  // compute one replicated loss; data, strategy and the loss's divisor are
-  // the dp group's (without --tp: the world).
+  // --tp, --pp: the (dp, pp, tp) mesh. The ranks of one dp index (its
+  // stages and tensor-parallel slices) share a batch part and compute one
+  // loss; data, strategy and the loss's divisor are the dp group's (without
+  // a mesh: the world).
   std::optional<DeviceMesh> mesh_;
   CommPtr data_world_;
   const int dp_size_, dp_rank_;
-  const bool tp_leader_;  // tp rank 0: counts its group's loss once
+  const bool part_leader_;  // the first rank of its dp index: logs and counts its part's loss once
+  std::optional<pp::Pipeline> pipeline_;  // --pp: this rank's stage's schedule
   const bool printing_;
   train::TrainingData data_;
   std::optional<data::DistributedSampler> sampler_;  // rebuilt with --balance's local batch sizes
@@ -129,13 +132,11 @@ DataParallelRun::DataParallelRun(const TrainConfig& config, CommPtr world)
       world_(std::move(world)),
       world_size_(world_->size()),
       rank_(world_->rank()),
-      mesh_(config.tp > 1 ? std::optional<DeviceMesh>(std::in_place, world_,
-                                                       std::vector<std::pair<std::string, int>>{{"dp", -1}, {"tp", config.tp}})
-                          : std::nullopt),
+      mesh_(train::make_mesh(config, world_)),
       data_world_(mesh_ ? mesh_->comm("dp") : world_),
       dp_size_(data_world_->size()),
       dp_rank_(data_world_->rank()),
-      tp_leader_(!mesh_ || mesh_->rank("tp") == 0),
+      part_leader_(rank_ % (config.pp * config.tp) == 0),  // dp is the outermost dimension
       printing_(config.print && rank_ == 0),
       data_((memory::install_tracking_allocator(), train::load_training_data(config))),
       stragglers_(config, rank_, rank_, world_size_) {  // --slow-rank, --balance
@@ -169,7 +170,12 @@ void DataParallelRun::build() {
   const bool deferred = train::builds_deferred(config_.strategy);
   memory::set_phase("construction of the model", train::construction_advice(config_, world_size_));
   torch::manual_seed(config_.seed);  // the same weights on every rank
-  model_ = train::build_model(config_, deferred, mesh_ ? mesh_->comm("tp") : nullptr);
+  if (config_.pp > 1) {
+    model_ = train::build_stage(config_, *mesh_);
+    pipeline_.emplace(mesh_->comm("pp"), pp::schedule_from(config_.schedule), config_.microbatches);
+  } else {
+    model_ = train::build_model(config_, deferred, config_.tp > 1 ? mesh_->comm("tp") : nullptr);
+  }
   if (mesh_) model_.mesh = &*mesh_;
   strategy_ = train::wrap_model(
       model_, {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision,
@@ -233,12 +239,45 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   outcome.lr = train::learning_rate(schedule_, step);
   train::set_learning_rate(*optimizer_, outcome.lr);
   const std::vector<int64_t> local_indices = sampler_->local_batch(step);
-  if (tp_leader_)  // DTRAIN_TEST_SAMPLE_LOG: one record per batch part
+  if (part_leader_)  // DTRAIN_TEST_SAMPLE_LOG: one record per batch part
     train::log_samples(dp_size_, dp_rank_, step, sampler_->options().dataset_size,
                        sampler_->options().global_batch_size, local_indices);
   const data::Batch part = data_.train->get_batch(local_indices);
   stragglers_.begin();
   optimizer_->zero_grad();
+  const double local_sum = pipeline_ ? pipeline_forward_and_backward(step, part) : forward_and_backward(step, part);
+  stragglers_.end(static_cast<int64_t>(local_indices.size()), strategy_->last_backward_wait_s());
+  outcome.grad_norm = config_.grad_clip > 0 ? strategy_->clip_grad_norm(config_.grad_clip) : 0.0;
+  // --on-nonfinite skip: agree on the loss before the update, so that every
+  // rank skips the same steps (the gradient norm is already global).
+  if (config_.on_nonfinite == "skip") {
+    auto global_sum = torch::tensor({local_sum}, torch::kFloat64);
+    world_->blocking().all_reduce(global_sum, ReduceOp::Sum);
+    outcome.skipped = !std::isfinite(global_sum.item<double>()) || !std::isfinite(outcome.grad_norm);
+  }
+  if (!outcome.skipped) {
+    memory::set_phase("optimizer step");
+    trace::Span span("optimizer_step", trace::category::compute);
+    strategy_->optimizer_step(*optimizer_);
+  }
+  trace::sample_memory();
+
+  auto stats = torch::zeros({2 + world_size_}, torch::kFloat64);
+  auto values = stats.accessor<double, 1>();
+  values[0] = part_leader_ ? local_sum : 0.0;  // the part's loss (on every rank of its dp index), once
+  values[1] = static_cast<double>(train::StopSignals::received());
+  values[2 + rank_] = static_cast<double>(training_bytes());
+  world_->blocking().all_reduce(stats, ReduceOp::Sum);
+  outcome.loss = values[0] / static_cast<double>(config_.batch_size);
+  outcome.stop_requested = values[1] != 0;
+  for (int r = 0; r < world_size_; ++r) peaks_[static_cast<size_t>(r)] = static_cast<int64_t>(values[2 + r]);
+  outcome.peak_bytes_per_rank = peaks_;
+  return outcome;
+}
+
+// Forward and backward of this rank's part: returns the sum of its
+// per-sample losses.
+double DataParallelRun::forward_and_backward(int64_t step, const data::Batch& part) {
   torch::Tensor local_sum;
   {
     memory::set_phase("forward", step_advice_);
@@ -252,33 +291,52 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
     // See Note [global batch loss].
     (local_sum * (static_cast<double>(dp_size_) / static_cast<double>(config_.batch_size))).backward();
   }
-  stragglers_.end(static_cast<int64_t>(local_indices.size()), strategy_->last_backward_wait_s());
-  outcome.grad_norm = config_.grad_clip > 0 ? strategy_->clip_grad_norm(config_.grad_clip) : 0.0;
-  // --on-nonfinite skip: agree on the loss before the update, so that every
-  // rank skips the same steps (the gradient norm is already global).
-  if (config_.on_nonfinite == "skip") {
-    auto global_sum = local_sum.detach().to(torch::kFloat64).reshape({1}).clone();
-    world_->blocking().all_reduce(global_sum, ReduceOp::Sum);
-    outcome.skipped = !std::isfinite(global_sum.item<double>()) || !std::isfinite(outcome.grad_norm);
-  }
-  if (!outcome.skipped) {
-    memory::set_phase("optimizer step");
-    trace::Span span("optimizer_step", trace::category::compute);
-    strategy_->optimizer_step(*optimizer_);
-  }
-  trace::sample_memory();
+  return local_sum.item<double>();
+}
 
-  auto stats = torch::zeros({2 + world_size_}, torch::kFloat64);
-  auto values = stats.accessor<double, 1>();
-  values[0] = tp_leader_ ? local_sum.item<double>() : 0.0;  // the tp group's replicated loss, once
-  values[1] = static_cast<double>(train::StopSignals::received());
-  values[2 + rank_] = static_cast<double>(training_bytes());
-  world_->blocking().all_reduce(stats, ReduceOp::Sum);
-  outcome.loss = values[0] / static_cast<double>(config_.batch_size);
-  outcome.stop_requested = values[1] != 0;
-  for (int r = 0; r < world_size_; ++r) peaks_[static_cast<size_t>(r)] = static_cast<int64_t>(values[2 + r]);
-  outcome.peak_bytes_per_rank = peaks_;
-  return outcome;
+// What a stage sends the next for `samples` windows: [samples, T, C].
+std::vector<int64_t> DataParallelRun::activation_shape(int64_t samples) const {
+  return {samples, config_.seq_len, config_.gpt_dim};
+}
+
+// --pp: the part's microbatches through the stages under the schedule. Each
+// microbatch's loss is scaled so that the pipeline's sum over them is the
+// part's share of the global batch's mean (Note [global batch loss]); the
+// tied wte's two copies then take the same gradient. Returns the part's
+// summed per-sample losses, on every stage.
+double DataParallelRun::pipeline_forward_and_backward(int64_t step, const data::Batch& part) {
+  memory::set_phase("pipeline forward and backward", step_advice_);  // the pipeline traces its own spans
+  const int M = config_.microbatches;
+  const double to_global_mean = static_cast<double>(dp_size_) / static_cast<double>(config_.batch_size);
+  const bool poison = step + 1 == config_.debug_nan_at_step && dp_rank_ == 0;
+  const auto loss = [&](const torch::Tensor& logits, const torch::Tensor& targets) {
+    torch::Tensor sum = model_.loss(logits, targets).sum();
+    if (poison) sum = sum * std::nan("");
+    return sum * (to_global_mean * M);  // the pipeline divides each microbatch's loss by M
+  };
+  const double scaled = pipeline_->step([&](const torch::Tensor& x) { return strategy_->forward(x); }, loss,
+                                        part.inputs, part.targets, activation_shape(part.inputs.size(0) / M),
+                                        torch::kFloat32, [&](bool last, const std::function<void()>& backward) {
+                                          strategy_->run_backward(last, backward);
+                                        });
+  pp::sum_tied_gradients(model_.tied_weight, *pipeline_);
+  return scaled / to_global_mean;
+}
+
+train::Evaluation DataParallelRun::evaluate() {
+  if (!pipeline_) {
+    return train::evaluate([&](const torch::Tensor& inputs) { return strategy_->forward(inputs); }, model_,
+                           *data_.validation, eval_count_, eval_chunk_, *data_world_);
+  }
+  const auto part_loss = [&](const data::Batch& part) {
+    train::PartTotals totals;
+    totals.loss_sum = pipeline_->evaluate(
+        [&](const torch::Tensor& x) { return strategy_->forward(x); },
+        [&](const torch::Tensor& logits, const torch::Tensor& targets) { return model_.loss(logits, targets).sum(); },
+        part.inputs, part.targets, activation_shape(0));
+    return totals;
+  };
+  return train::evaluate(part_loss, model_, *data_.validation, eval_count_, eval_chunk_, *data_world_);
 }
 
 void DataParallelRun::save_checkpoint(int64_t step) {
@@ -340,7 +398,12 @@ void DataParallelRun::finish(double train_seconds) {
     result_.samples = train::generate_samples(
         *model_.module, config_.seq_len,
         {.count = config_.samples, .bytes = config_.sample_bytes, .prompt = config_.sample_prompt, .seed = config_.seed},
-        [&](const torch::Tensor& tokens) { return model_.full_logits(strategy_->forward(tokens)); });
+        [&](const torch::Tensor& tokens) {
+          if (!pipeline_) return model_.full_logits(strategy_->forward(tokens));
+          const int64_t n = tokens.size(0), t = tokens.size(1);
+          return pipeline_->infer([&](const torch::Tensor& x) { return strategy_->forward(x); }, tokens,
+                                  {n, t, config_.gpt_dim}, {n, t, train::gpt_config(config_).vocab_size});
+        });
   }
   auto rss = torch::zeros({world_size_}, torch::kFloat64);
   rss[rank_] = static_cast<double>(memory::peak_rss_bytes());
@@ -371,7 +434,8 @@ void DataParallelRun::finish(double train_seconds) {
   nlohmann::ordered_json final_line = train::final_record(config_, result_, model_.parameters);
   final_line["local_batch_sizes"] = stragglers_.local_batch_sizes();  // --balance; [] = the even split
   final_line["train_time_s"] = train_seconds;
-  final_line["mesh"] = {{"dp", dp_size_}, {"tp", config_.tp}};
+  final_line["mesh"] = {{"dp", dp_size_}, {"pp", config_.pp}, {"tp", config_.tp}};
+  if (pipeline_) final_line["pipeline"] = {{"schedule", config_.schedule}, {"microbatches", config_.microbatches}};
   if (background_) final_line["checkpoint_staging_bytes"] = background_->staging_bytes();  // Note [staging buffer]
   metrics_.write(final_line);
 }

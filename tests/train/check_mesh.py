@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""dtrain train --tp N (issue 20): a GPT run on a (dp, tp) mesh equals the
-same run on one process.
+"""dtrain train --tp N / --pp N (issues 20 and 21): a GPT run on a
+(dp, pp, tp) mesh equals the same run on one process.
 
-    check_tp.py --tp T --nproc N [--strategy S] [--backend B] [--sequence-parallel] DTRAIN -- TRAIN_ARGS...
+    check_mesh.py [--tp T] [--pp P --microbatches M --schedule S] --nproc N [--strategy S] [--backend B]
+                  [--sequence-parallel] DTRAIN -- TRAIN_ARGS...
 
 Runs TRAIN_ARGS once with --strategy single --nproc 1 (the reference) and once
-with --strategy S --nproc N --tp T (and --sequence-parallel, if given), both
-with --metrics and --log-every 1, and
-fails unless: the tp run exits 0; its final line says mesh {"dp": N/T, "tp": T}
-and the GPT's full parameter count; every step's loss and the final validation
-loss equal the reference's within 1e-5 (tensor parallelism sums in another
-order, as data parallelism does); the banner names the mesh.
+with --strategy S --nproc N --tp T --pp P (and the pipeline's and sequence
+parallelism's flags, if given), both with --metrics and --log-every 1, and
+fails unless: the mesh run exits 0; its final line says mesh
+{"dp": N/(T*P), "pp": P, "tp": T} and the GPT's full parameter count; every
+step's loss and the final validation loss equal the reference's within 1e-5
+(the parallel run sums in another order, as data parallelism does); the
+banner names the mesh.
 """
 
 import argparse
@@ -28,7 +30,10 @@ TOLERANCE = 1e-5
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dtrain")
-    parser.add_argument("--tp", type=int, required=True)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--microbatches", type=int)
+    parser.add_argument("--schedule")
     parser.add_argument("--nproc", type=int, required=True)
     parser.add_argument("--strategy", default="fsdp")
     parser.add_argument("--backend", default="mpi")
@@ -39,15 +44,22 @@ def main():
 
     with tempfile.TemporaryDirectory() as folder:
         reference_path = os.path.join(folder, "reference.jsonl")
-        tp_path = os.path.join(folder, "tp.jsonl")
+        tp_path = os.path.join(folder, "mesh.jsonl")
         base = [args.dtrain, "train"] + train_args + ["--log-every", "1"]
         run(base + ["--strategy", "single", "--nproc", "1", "--metrics", reference_path])
+        pipeline = []
+        if args.microbatches:
+            pipeline += ["--microbatches", str(args.microbatches)]
+        if args.schedule:
+            pipeline += ["--schedule", args.schedule]
         _, output = run(base + ["--strategy", args.strategy, "--nproc", str(args.nproc), "--tp", str(args.tp),
-                             "--backend", args.backend, "--metrics", tp_path]
+                             "--pp", str(args.pp), "--backend", args.backend, "--metrics", tp_path] + pipeline
                         + (["--sequence-parallel"] if args.sequence_parallel else []))
-        dp = args.nproc // args.tp
-        if f"mesh (dp={dp}, tp={args.tp})" not in output:
-            fail(f"the banner does not name the mesh (dp={dp}, tp={args.tp})")
+        dp = args.nproc // (args.tp * args.pp)
+        shape = ", ".join([f"dp={dp}"] + [f"{name}={size}" for name, size in (("pp", args.pp), ("tp", args.tp))
+                                          if size > 1])
+        if f"mesh ({shape})" not in output:
+            fail(f"the banner does not name the mesh ({shape})")
 
         def losses(records):
             return {r["step"]: r["loss"] for r in records if "loss" in r and "step" in r and not r.get("final")}
@@ -65,8 +77,8 @@ def main():
             fail(f"a step's loss differs from single-process training by {worst:.3g} > {TOLERANCE}")
         if eval_difference > TOLERANCE:
             fail(f"the validation loss differs by {eval_difference:.3g} > {TOLERANCE}")
-        if tp_final.get("mesh") != {"dp": dp, "tp": args.tp}:
-            fail(f"the final line's mesh is {tp_final.get('mesh')}, expected dp {dp}, tp {args.tp}")
+        if tp_final.get("mesh") != {"dp": dp, "pp": args.pp, "tp": args.tp}:
+            fail(f"the final line's mesh is {tp_final.get('mesh')}, expected dp {dp}, pp {args.pp}, tp {args.tp}")
         if tp_final.get("parameters") != ref_final.get("parameters"):
             fail(f"parameters {tp_final.get('parameters')} (the whole model's count, {ref_final.get('parameters')}, "
                  "expected)")
