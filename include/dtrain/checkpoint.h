@@ -107,29 +107,27 @@ struct HeldModel {
   std::string optimizer_kind;
 };
 
-// Tensor parallelism (dtrain/tensor_parallel.h) on a mesh with dimensions
-// "dp" and "tp" (dtrain/mesh.h): what this rank holds of the global, unsplit
-// tensors, for save_checkpoint / load_checkpoint over mesh.world(). The
-// model's parallel layers say where their slices sit in the global weights
-// (tp::parameter_places), so a checkpoint saved on one mesh loads on any
-// other, into any strategy, and into the plain single-process model; the
-// replicated parameters are written once across both dimensions. `module`:
-// the tensor-parallel model, whole on each dp rank (DDP over dp, or dp = 1);
-// `fsdp`: the model sharded over mesh.comm("dp").
+// A model spread over a mesh (dtrain/mesh.h) with dimension "dp" and any of
+// "pp" and "tp": what this rank holds of the global, unsplit tensors, for
+// save_checkpoint / load_checkpoint over mesh.world().
+// - tp (dtrain/tensor_parallel.h): the parallel layers say where their
+//   slices sit in the global weights (tp::parameter_places); replicated
+//   parameters count as copies across the tp group.
+// - pp (dtrain/pipeline.h): `module` is this rank's stage; `whole` (the whole
+//   model, deferred costs no memory) gives the other stages' names, shapes
+//   and dtypes, listed as empty pieces so that a checkpoint lists every
+//   tensor and a load checks them all. A tensor several stages hold (GPT's
+//   tied wte, on the first and the last) is a copy on each, written once.
+// `module`: the model (or stage) whole on each dp rank (DDP over dp, or
+// dp = 1); `fsdp`: sharded over mesh.comm("dp"). A checkpoint saved on one
+// mesh loads on any other, into any strategy, and into the plain
+// single-process model; each element is written once.
 //
 //   dtrain::save_checkpoint(dir, dtrain::held_on_mesh(fsdp, mesh), &optimizer, step, mesh.world());
-HeldModel held_on_mesh(torch::nn::Module& module, const DeviceMesh& mesh);
-HeldModel held_on_mesh(FullyShardedBase& fsdp, const DeviceMesh& mesh);
+HeldModel held_on_mesh(torch::nn::Module& module, const DeviceMesh& mesh, const torch::nn::Module* whole = nullptr);
+HeldModel held_on_mesh(FullyShardedBase& fsdp, const DeviceMesh& mesh, const torch::nn::Module* whole = nullptr);
 
-// Pipeline parallelism (dtrain/pipeline.h) on a mesh with dimensions "dp"
-// and "pp": what this rank's stage holds of the whole model (the stage whole
-// on each dp rank: one process, or DDP over dp), for save_checkpoint /
-// load_checkpoint over mesh.world(). `whole`: the whole model, for its names,
-// shapes and dtypes (a deferred one costs no memory), so that a checkpoint
-// lists every tensor and a load checks them all. A tensor that several
-// stages hold (GPT's tied wte, on the first and the last) is written once.
-// The checkpoint loads at any other pp, dp or strategy, and into the whole
-// model on one process.
+// held_on_mesh(stage, mesh, &whole) on a (dp, pp) mesh.
 HeldModel held_on_pipeline(torch::nn::Module& stage, const torch::nn::Module& whole, const DeviceMesh& mesh);
 
 // load_safetensors_into for any view of what a rank holds (held_on_mesh:

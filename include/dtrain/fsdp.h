@@ -177,6 +177,18 @@ class FullyShardedBase {
   };
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
+  // Pipeline parallelism (dtrain/pipeline.h): a step of several
+  // microbatches whose forwards and backwards interleave. gather_for_step()
+  // gathers every unit's parameters once (collective); until
+  // reduce_step_gradients(), calls run the module on the full parameters and
+  // the gradients accumulate at full size; reduce_step_gradients() reduces
+  // them once, as one backward would, and reshards (collective). The
+  // trade-off against FSDP per microbatch: the stage's parameters and
+  // gradients at full size during the step, for one gather and one
+  // reduction per step instead of one per microbatch.
+  void gather_for_step();
+  void reduce_step_gradients();
+
   const FSDPOptions& options() const;
   const CommPtr& comm() const;
   // The group parameters are sharded over (the world, a hybrid group, or

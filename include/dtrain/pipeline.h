@@ -88,9 +88,10 @@ class Pipeline {
               torch::ScalarType dtype = torch::kFloat32, const BackwardRunner& run_backward = nullptr);
 
   // Evaluation: forwards only, without gradients, microbatch after
-  // microbatch through the stages. The batch splits into min(M, B)
-  // microbatches as evenly as it goes (activation_shape's first dimension is
-  // each microbatch's size). `loss` gives the last stage's value for a
+  // microbatch through the stages. The batch splits into M microbatches as
+  // evenly as it goes (activation_shape's first dimension is each
+  // microbatch's size), empty ones too when B < M, so that every rank of a
+  // data-parallel group runs M forwards (the sharded engines gather in each). `loss` gives the last stage's value for a
   // microbatch (e.g. its summed per-sample losses); returns the sum over the
   // microbatches on every stage. Collective over the group.
   double evaluate(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,

@@ -40,6 +40,11 @@ namespace dtrain::models {
 // config.n_head (each rank's heads) or config.vocab_size (its vocabulary rows).
 void check_tensor_parallel(const GPTConfig& config, int tp);
 
+// GPT-2's initialisation of one module of a tensor-parallel GPT (TPGPT or
+// a TPGPTStage): each weight drawn at full size from the module's generator
+// exactly as GPTImpl::init_module draws it, and this rank's slice kept.
+void init_tp_gpt_module(torch::nn::Module& module, at::Generator& generator);
+
 class TPGPTBlockImpl : public torch::nn::Module {
  public:
   TPGPTBlockImpl(const GPTConfig& config, CommPtr group);

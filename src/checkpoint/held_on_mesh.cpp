@@ -1,8 +1,9 @@
-// What a rank of a (dp, tp) mesh holds of the global tensors
+// What a rank of a (dp, pp, tp) mesh holds of the global tensors
 // (dtrain::held_on_mesh, include/dtrain/checkpoint.h): the view of its
 // data-parallel engine (DDP's replica or FSDP's shards, over the dp group),
-// with each tensor-parallel slice placed in its global tensor and the
-// replicated tensors counted as copies across the tp group too.
+// with each tensor-parallel slice placed in its global tensor, the
+// replicated tensors counted as copies across the tp group too, and the
+// other pipeline stages' tensors listed empty.
 #include "checkpoint/held_state.h"
 #include "checkpoint/rank_agreement.h"
 
@@ -29,13 +30,11 @@ void over_the_world(HeldModel& held, const DeviceMesh& mesh) {
   if (held.strategy == "single" && held.world_size > 1) held.strategy = "ddp";
 }
 
-HeldModel place_on_mesh(HeldModel held, const torch::nn::Module& root, const DeviceMesh& mesh) {
-  if (!mesh.has("dp") || !mesh.has("tp") || mesh.dims().size() != 2) {
-    throw std::invalid_argument("held_on_mesh: the mesh " + mesh.describe() + " is not (dp, tp)");
-  }
+// Tensor parallelism: each slice placed in its global tensor; the
+// replicated tensors counted as copies across the tp group too.
+void place_tensor_parallel(HeldModel& held, const torch::nn::Module& root, const DeviceMesh& mesh) {
   const auto places = tp::parameter_places(root);
   const int tp_rank = mesh.rank("tp"), tp_size = mesh.size("tp");
-  over_the_world(held, mesh);
   for (HeldTensor& tensor : held.tensors) {
     auto place = places.find(tensor.name);
     if (place == places.end()) {
@@ -56,25 +55,12 @@ HeldModel place_on_mesh(HeldModel held, const torch::nn::Module& root, const Dev
     tensor.runs = sub_runs(place->second.runs, tensor.begin, tensor.end);
     tensor.shape = place->second.global_shape;
   }
-  return held;
 }
 
-}  // namespace
-
-HeldModel held_on_mesh(torch::nn::Module& module, const DeviceMesh& mesh) {
-  return place_on_mesh(detail::held_by_module(module, mesh.comm("dp")), module, mesh);
-}
-
-HeldModel held_on_mesh(FullyShardedBase& fsdp, const DeviceMesh& mesh) {
-  return place_on_mesh(detail::held_by_fsdp(fsdp), *fsdp.root_module(), mesh);
-}
-
-HeldModel held_on_pipeline(torch::nn::Module& stage, const torch::nn::Module& whole, const DeviceMesh& mesh) {
-  if (!mesh.has("dp") || !mesh.has("pp") || mesh.dims().size() != 2) {
-    throw std::invalid_argument("held_on_pipeline: the mesh " + mesh.describe() + " is not (dp, pp)");
-  }
-  HeldModel held = detail::held_by_module(stage, mesh.comm("dp"));
-  over_the_world(held, mesh);
+// Pipeline parallelism: a tensor several stages hold (GPT's tied wte) is a
+// copy on each, and the other stages' tensors are listed as empty pieces
+// (named, so that a load checks them), from `whole`'s names and shapes.
+void place_pipeline(HeldModel& held, const torch::nn::Module& whole, const DeviceMesh& mesh) {
   // Which stages hold each name: every stage's names, gathered over pp.
   std::string mine;
   for (const auto& tensor : held.tensors) mine += tensor.name + "\n";
@@ -84,15 +70,14 @@ HeldModel held_on_pipeline(torch::nn::Module& stage, const torch::nn::Module& wh
     std::istringstream names(all[s]);
     for (std::string name; std::getline(names, name);) holders[name].push_back(static_cast<int>(s));
   }
-  const int pp_rank = mesh.rank("pp"), dp = mesh.size("dp");
+  const int pp_rank = mesh.rank("pp");
   for (HeldTensor& tensor : held.tensors) {
-    // Copy `replica` of the dp replicas, on the k-th of the stages that hold it.
+    // Copy `replica` of the other dimensions' copies, on the k-th of the stages that hold it.
     const auto& stages = holders.at(tensor.name);
     const int k = static_cast<int>(std::find(stages.begin(), stages.end(), pp_rank) - stages.begin());
-    tensor.replica = k * dp + tensor.replica;
-    tensor.replicas = static_cast<int>(stages.size()) * dp;
+    tensor.replica = k * tensor.replicas + tensor.replica;
+    tensor.replicas *= static_cast<int>(stages.size());
   }
-  // The other stages' tensors, as empty pieces: named, so that a load checks them.
   std::map<std::string, bool> held_here;
   for (const auto& tensor : held.tensors) held_here[tensor.name] = true;
   auto add_empty = [&](const std::string& name, const torch::Tensor& value) {
@@ -102,7 +87,33 @@ HeldModel held_on_pipeline(torch::nn::Module& stage, const torch::nn::Module& wh
   };
   for (const auto& item : whole.named_parameters(true)) add_empty(item.key(), item.value());
   for (const auto& item : whole.named_buffers(true)) add_empty(item.key(), item.value());
+}
+
+HeldModel place_on_mesh(HeldModel held, const torch::nn::Module& root, const DeviceMesh& mesh,
+                        const torch::nn::Module* whole) {
+  bool known = mesh.has("dp");
+  for (const auto& dim : mesh.dims()) known = known && (dim.first == "dp" || dim.first == "pp" || dim.first == "tp");
+  if (!known) throw std::invalid_argument("held_on_mesh: the mesh " + mesh.describe() + " is not (dp[, pp][, tp])");
+  if (mesh.has("pp") && whole == nullptr)
+    throw std::invalid_argument("held_on_mesh: a mesh with pp needs the whole model (for the other stages' names)");
+  over_the_world(held, mesh);
+  if (mesh.has("tp")) place_tensor_parallel(held, root, mesh);
+  if (mesh.has("pp")) place_pipeline(held, *whole, mesh);
   return held;
+}
+
+}  // namespace
+
+HeldModel held_on_mesh(torch::nn::Module& module, const DeviceMesh& mesh, const torch::nn::Module* whole) {
+  return place_on_mesh(detail::held_by_module(module, mesh.comm("dp")), module, mesh, whole);
+}
+
+HeldModel held_on_mesh(FullyShardedBase& fsdp, const DeviceMesh& mesh, const torch::nn::Module* whole) {
+  return place_on_mesh(detail::held_by_fsdp(fsdp), *fsdp.root_module(), mesh, whole);
+}
+
+HeldModel held_on_pipeline(torch::nn::Module& stage, const torch::nn::Module& whole, const DeviceMesh& mesh) {
+  return held_on_mesh(stage, mesh, &whole);
 }
 
 }  // namespace dtrain

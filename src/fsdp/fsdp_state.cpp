@@ -306,8 +306,53 @@ void consume(Unit& unit, int& inflight) {
 }
 }  // namespace
 
+// Note [pipeline steps]
+// A pipeline stage (dtrain/pipeline.h) runs several microbatches whose
+// forwards and backwards interleave (GPipe: all forwards first), while a
+// unit's state follows one forward and then its backward. For such a step
+// every unit is gathered once up front; until reduce_step_gradients() the
+// root and unit calls run the module plainly on the full parameters (no
+// output hooks, no per-unit reshard), and the gradients accumulate at full
+// size over the microbatches (the parameters' gradient hooks stand aside).
+// reduce_step_gradients() then reduces each unit's gradients once, in unit
+// order, reshards and sets the shards' gradients, as the end of one
+// backward does. Memory: the stage's parameters and gradients at full size
+// for the step; traffic: one gather and one reduction per unit per step,
+// however many microbatches.
+void FSDPState::gather_for_step() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (gathered_for_step_) throw std::logic_error("FSDP: gather_for_step() twice without reduce_step_gradients()");
+  for (auto& unit : units_) {
+    unit->reshard(free_after_backward());  // parameters changed since the last gather
+    unit->reset_to_idle();
+    unit->stash_shard_gradients();
+    unit->start_unshard();  // all issued before any is waited for
+  }
+  for (auto& unit : units_) unit->finish_unshard();
+  inflight_gathers_ = 0;
+  gathered_for_step_ = true;
+}
+
+void FSDPState::reduce_step_gradients() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (!gathered_for_step_) throw std::logic_error("FSDP: reduce_step_gradients() without gather_for_step()");
+  gathered_for_step_ = false;
+  for (auto& unit : units_) {
+    if (unit->expected_gradients() == 0) continue;
+    bound_inflight_reductions();
+    unit->reduce_gradients(/*sync=*/true);
+    reduce_order_.push_back(unit.get());
+  }
+  for (auto& unit : units_) unit->reshard(free_after_backward());
+  for (Unit* unit : reduce_order_) unit->finish_gradients();
+  reduce_order_.clear();
+  reductions_waited_ = 0;
+  close_step_stats();
+}
+
 torch::Tensor FSDPState::forward_root(const std::function<torch::Tensor()>& forward) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (gathered_for_step_) return forward();  // Note [pipeline steps]
   if (in_root_forward_) throw std::logic_error("FSDP: the root forward was entered twice (recursively)");
   const trace::Span span("unit_forward", trace::category::compute, {{"unit", 0}, {"name", units_[0]->trace_name()}});
   // A new forward: parameters changed since the last gather (optimizer
@@ -366,6 +411,7 @@ torch::Tensor FSDPState::forward_root(const std::function<torch::Tensor()>& forw
 torch::Tensor FSDPState::forward_unit(Unit& unit, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
                                       const torch::Tensor& input) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (gathered_for_step_) return forward(to_compute_dtype(input));  // Note [pipeline steps]
   if (!in_root_forward_) {
     throw std::runtime_error("FSDP: unit " + unit.display_name() +
                              " was called outside the root's forward. Call the model through the object "
@@ -423,6 +469,7 @@ void FSDPState::pre_backward(Unit& unit) {
 
 void FSDPState::on_gradient_ready(Unit& unit, size_t parameter) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (gathered_for_step_) return;  // Note [pipeline steps]: reduced once at the step's end
   if (!unit.on_gradient_ready(parameter)) return;
   // Ranks whose graphs differ keep the gradients until the end of backward.
   const bool reduce_now = sync_ && eager_reductions_;

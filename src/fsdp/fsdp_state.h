@@ -30,6 +30,11 @@ class FSDPState {
                              const torch::Tensor& input);
   Unit* unit_for(const torch::nn::Module* module);
 
+  // Note [pipeline steps]: every unit gathered once for a step of
+  // interleaved microbatches, and their gradients reduced once at its end.
+  void gather_for_step();
+  void reduce_step_gradients();
+
   void set_sync(bool sync) { sync_ = sync; }
   bool sync() const { return sync_; }
   torch::Tensor to_compute_dtype(const torch::Tensor& input) const;
@@ -79,6 +84,7 @@ class FSDPState {
 
   std::recursive_mutex mutex_;  // hooks may run on autograd threads
   bool sync_ = true;
+  bool gathered_for_step_ = false;  // between gather_for_step and reduce_step_gradients
   bool in_root_forward_ = false;
   bool finalize_queued_ = false;
   std::vector<Unit*> forward_order_;       // recorded in the first forward

@@ -79,6 +79,9 @@ std::vector<FSDPUnitInfo> FullyShardedBase::units() const {
 
 std::vector<torch::Tensor> FullyShardedBase::parameters() const { return state_->root()->parameters(); }
 
+void FullyShardedBase::gather_for_step() { state_->gather_for_step(); }
+void FullyShardedBase::reduce_step_gradients() { state_->reduce_step_gradients(); }
+
 std::vector<FSDPParameterShard> FullyShardedBase::parameter_shards() const {
   std::vector<FSDPParameterShard> shards;
   for (const auto& unit : state_->units()) {

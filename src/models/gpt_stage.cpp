@@ -17,6 +17,10 @@ GPTStageImpl::GPTStageImpl(const GPTConfig& config, int stage, int stages, int64
   // is the tied head's copy).
   if (is_first() || is_last()) {
     wte_ = register_module("wte", deferred(torch::nn::Embedding(config_.vocab_size, config_.n_embd)));
+    // With several stages, wte is an FSDP unit of its own on the first and
+    // the last stage (when sharded over dp): both then hold the same shard
+    // of it, and pp::sum_tied_gradients sums the copies shard by shard.
+    if (stages_ > 1) dtrain::detail::declare_unit(wte_.ptr());
   }
   if (is_first()) wpe_ = register_module("wpe", deferred(torch::nn::Embedding(config_.seq_len, config_.n_embd)));
   // "blocks.<i>" with GPT's indices: a plain container, not a ModuleList (which numbers from 0).
@@ -39,18 +43,25 @@ void GPTStageImpl::init_module(const std::string& /*name*/, torch::nn::Module& m
 torch::Tensor GPTStageImpl::forward(torch::Tensor input) {
   torch::Tensor x = input;
   if (is_first()) {
-    check_materialized(wte_->weight, "GPTStage");
     TORCH_CHECK(input.dim() == 2 && input.scalar_type() == torch::kLong,
                 "GPTStage: the first stage expects int64 tokens of shape [B,T], got ", input.scalar_type(), " ",
                 input.sizes());
     const int64_t T = input.size(1);
     TORCH_CHECK(T <= config_.seq_len, "GPTStage: sequence of ", T, " tokens is longer than seq_len ", config_.seq_len);
     auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(input.device()));
-    x = wte_->forward(input) + wpe_->forward(positions);
+    const auto embed = [this](const torch::Tensor& tokens) {
+      check_materialized(wte_->weight, "GPTStage");
+      return wte_->forward(tokens);
+    };
+    x = dtrain::detail::run_unit(wte_.get(), embed, input) + wpe_->forward(positions);
     x = torch::dropout(x, config_.dropout, is_training());
   }
   for (auto& block : block_calls_) x = block(x);
-  if (is_last()) x = ln_f_->forward(x).matmul(wte_->weight.t());  // the tied head
+  if (is_last()) {
+    // The tied head, as wte's unit (gathered for it when sharded).
+    x = dtrain::detail::run_unit(wte_.get(), [this](const torch::Tensor& h) { return h.matmul(wte_->weight.t()); },
+                                 ln_f_->forward(x));
+  }
   return x;
 }
 

@@ -158,23 +158,25 @@ double Pipeline::evaluate(const StageForward& forward, const StageLoss& loss, co
   torch::NoGradGuard no_grad;
   const int s = stage(), P = stages();
   const bool first = s == 0, last = s == P - 1;
-  const int64_t batch = inputs.size(0);
-  const int64_t M = std::min<int64_t>(microbatches_, batch);
+  const int64_t batch = inputs.size(0), M = microbatches_;
   std::vector<WorkPtr> sends;
   double sum = 0;
   int64_t begin = 0;
   for (int64_t m = 0; m < M; ++m) {
+    // Empty microbatches run too (without messages: every stage knows the
+    // size), so that the ranks of a data-parallel group, whose parts may
+    // differ by a sample, run the same number of forwards.
     const int64_t size = batch / M + (m < batch % M ? 1 : 0);
     torch::Tensor input = inputs.narrow(0, begin, size);
     if (!first) {
       activation_shape.at(0) = size;
       input = torch::empty(activation_shape, torch::TensorOptions().dtype(dtype));
-      forward_channel_->recv(input, s - 1, static_cast<int>(m))->wait();
+      if (size > 0) forward_channel_->recv(input, s - 1, static_cast<int>(m))->wait();
     }
     const torch::Tensor output = forward(input);
     if (last) {
       sum += loss(output, targets.narrow(0, begin, size)).item<double>();
-    } else {
+    } else if (size > 0) {
       sends.push_back(forward_channel_->send(output.contiguous(), s + 1, static_cast<int>(m)));
     }
     begin += size;

@@ -90,6 +90,10 @@ TPGPTImpl::TPGPTImpl(const GPTConfig& config, CommPtr group, bool sequence_paral
 }
 
 void TPGPTImpl::init_module(const std::string& /*name*/, torch::nn::Module& module, at::Generator& generator) {
+  init_tp_gpt_module(module, generator);
+}
+
+void init_tp_gpt_module(torch::nn::Module& module, at::Generator& generator) {
   torch::NoGradGuard no_grad;
   // GPT-2's N(0, 0.02) for every weight matrix, biases 0: drawn at full size
   // from the module's generator exactly as GPTImpl::init_module draws them.

@@ -195,19 +195,24 @@ void check_pipeline_flags(const TrainConfig& c, int world_size) {
   }
   const std::string pp = "--pp " + std::to_string(c.pp);
   if (c.model != "gpt") fail(pp + " divides the GPT's blocks into stages: it needs --model gpt (got --model " + c.model + ")");
-  if (c.tp > 1)
-    fail(pp + " with --tp " + std::to_string(c.tp) + " (a 3-D mesh) is not available in dtrain train yet; use one of them");
-  if (world_size % c.pp != 0)
-    fail(pp + " does not divide the " + std::to_string(world_size) + " ranks (--nproc): the ranks form a (dp, pp) "
-         "mesh with dp = ranks / pp");
+  if (c.sequence_parallel)
+    fail(pp + " with --sequence-parallel is not available yet (the stages send whole sequences)");
+  if (world_size % (c.pp * c.tp) != 0)
+    fail(pp + (c.tp > 1 ? " x --tp " + std::to_string(c.tp) : std::string()) + " does not divide the " +
+         std::to_string(world_size) + " ranks (--nproc): the ranks form a " +
+         (c.tp > 1 ? "(dp, pp, tp) mesh with dp = ranks / (pp x tp)" : "(dp, pp) mesh with dp = ranks / pp"));
   if (c.gpt_layers < c.pp)
     fail(pp + " needs at least " + std::to_string(c.pp) + " blocks (one per stage), got --gpt-layers " +
          std::to_string(c.gpt_layers));
-  if (!one_of(c.strategy, {"single", "ddp"}))
-    fail(pp + " combines with --strategy single or ddp (over the dp groups) so far, not " + c.strategy);
+  if (!one_of(c.strategy, {"single", "ddp", "zero1", "zero2", "fsdp", "hsdp"}))
+    fail(pp + " combines with --strategy single, ddp, zero1, zero2, fsdp or hsdp (over the dp groups), not " +
+         c.strategy);
+  if (c.mixed_precision != "none")
+    fail(pp + " sends fp32 activations between the stages: --mixed-precision " + c.mixed_precision +
+         " with --pp is not available yet");
   if (c.compress != "none") fail(pp + " does not work with --compress " + c.compress + " yet");
   if (c.balance) fail(pp + " does not work with --balance (a batch part splits into equal microbatches)");
-  const int dp = world_size / c.pp;
+  const int dp = world_size / (c.pp * c.tp);
   if (c.batch_size % (static_cast<int64_t>(dp) * c.microbatches) != 0)
     fail("--batch-size " + std::to_string(c.batch_size) + " must split into " + std::to_string(dp) +
          (dp == 1 ? " data-parallel group" : " data-parallel groups") + " x --microbatches " +

@@ -6,6 +6,7 @@
 #include <dtrain/pipeline.h>
 #include <dtrain/strategy_table.h>
 #include <dtrain/tp_gpt.h>
+#include <dtrain/tp_gpt_stage.h>
 
 #include <torch/nn/functional/loss.h>
 
@@ -65,24 +66,42 @@ std::optional<DeviceMesh> make_mesh(const TrainConfig& config, const CommPtr& wo
   return std::optional<DeviceMesh>(std::in_place, world, dimensions);
 }
 
-Model build_stage(const TrainConfig& config, const DeviceMesh& mesh) {
+Model build_stage(const TrainConfig& config, const DeviceMesh& mesh, bool deferred) {
   const int stage = mesh.rank("pp"), stages = mesh.size("pp");
   const models::GPTConfig gpt = gpt_config(config);
   const pp::StageBlocks blocks = pp::divide_blocks(gpt.n_layer, stages)[static_cast<size_t>(stage)];
-  models::GPTStage module(gpt, stage, stages, blocks.first, blocks.last);
+  std::optional<DeferredConstruction> deferring;
+  if (deferred) deferring.emplace();
   Model model;
-  model.module = module.ptr();
-  model.forward = [module](const torch::Tensor& x) mutable { return module->forward(x); };
-  model.loss = per_sample_loss;
-  model.full_logits = [](const torch::Tensor& logits) { return logits; };
+  if (config.tp > 1) {
+    // Tensor parallelism inside the stage: a (dp, pp, tp) mesh.
+    const CommPtr tp_group = mesh.comm("tp");
+    models::TPGPTStage module(gpt, tp_group, stage, stages, blocks.first, blocks.last);
+    model.module = module.ptr();
+    model.forward = [module](const torch::Tensor& x) mutable { return module->forward(x); };
+    model.loss = [module](const torch::Tensor& logits, const torch::Tensor& targets) {
+      return module->loss(logits, targets).view({targets.size(0), targets.size(1)}).mean(1);
+    };
+    model.full_logits = [tp_group](const torch::Tensor& logits) { return tp::gather_last_dim(logits, tp_group); };
+    model.tp_group = tp_group;
+    model.tp_split_names = tp::split_parameter_names(*module);
+    model.tied_weight = module->tied_weight();
+    if (stages > 1 && module->is_last()) model.tied_copy = "wte.weight";
+  } else {
+    models::GPTStage module(gpt, stage, stages, blocks.first, blocks.last);
+    model.module = module.ptr();
+    model.forward = [module](const torch::Tensor& x) mutable { return module->forward(x); };
+    model.loss = per_sample_loss;
+    model.full_logits = [](const torch::Tensor& logits) { return logits; };
+    model.tied_weight = module->tied_weight();
+    if (stages > 1 && module->is_last()) model.tied_copy = "wte.weight";
+  }
   model.mesh = &mesh;
   model.pp_group = mesh.comm("pp");
   {
     DeferredConstruction deferring;  // names, shapes and dtypes only
     model.whole = models::GPT(gpt).ptr();
   }
-  model.tied_weight = module->tied_weight();
-  if (stages > 1 && module->is_last()) model.tied_copy = "wte.weight";
   model.parameters = models::GPTImpl::parameter_count(gpt);
   model.classification = false;
   return model;

@@ -65,7 +65,9 @@ std::optional<DeviceMesh> make_mesh(const TrainConfig& config, const CommPtr& wo
 // its blocks divided evenly among the stages. Seed LibTorch's default
 // generator first, as for build_model: the stages hold the weights of the
 // GPT build_model gives after the same seed.
-Model build_stage(const TrainConfig& config, const DeviceMesh& mesh);
+// With `deferred`, the stage's parameters get no storage (the sharded
+// strategies materialise each unit into its shards).
+Model build_stage(const TrainConfig& config, const DeviceMesh& mesh, bool deferred = false);
 
 // Whether `strategy` (zero1, zero2, fsdp, hsdp) shards the model, and so
 // builds it deferred.

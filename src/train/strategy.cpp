@@ -32,39 +32,29 @@ bool strategy_available(const std::string& strategy) {
 namespace train {
 namespace {
 
-// --grad-clip under --tp: the norm over every slice, replicated parameters
-// once (dtrain::tp::clip_grad_norm); `named` are this rank's parameters (or
-// shards, with `shards_across` their sharding group).
-double clip_tensor_parallel(const Model& model, const std::vector<std::pair<std::string, torch::Tensor>>& named,
-                            double max_norm, Communicator* shards_across) {
+// --grad-clip on a mesh (--tp, --pp): the norm of the whole model. Each
+// parameter's squared norm counts once over the mesh: a tensor-parallel
+// slice in full (summed over tp), a parameter replicated across tp 1/tp on
+// each rank, the last stage's copy of the tied wte not at all (the first
+// stage counts it), summed over tp and pp. `named` are this rank's
+// parameters (or shards, with `shards_across` their sharding group).
+double clip_on_mesh(const Model& model, const std::vector<std::pair<std::string, torch::Tensor>>& named,
+                    double max_norm, Communicator* shards_across) {
   const std::set<std::string> split(model.tp_split_names.begin(), model.tp_split_names.end());
-  std::vector<torch::Tensor> parameters;
-  std::vector<bool> is_split;
-  for (const auto& [name, parameter] : named) {
-    parameters.push_back(parameter);
-    is_split.push_back(split.count(name) > 0);
-  }
-  return tp::clip_grad_norm(parameters, is_split, max_norm, shards_across, *model.tp_group);
-}
-
-// --grad-clip under --pp: the norm over every stage's gradients (whole on
-// each dp rank: single or ddp), the tied wte once.
-double clip_pipeline(const Model& model, double max_norm) {
+  const double replicated = model.tp_group ? 1.0 / model.tp_group->size() : 1.0;
   std::vector<torch::Tensor> parameters;
   std::vector<double> weights;
-  for (const auto& item : model.module->named_parameters()) {
-    parameters.push_back(item.value());
-    weights.push_back(item.key() == model.tied_copy ? 0.0 : 1.0);
+  for (const auto& [name, parameter] : named) {
+    parameters.push_back(parameter);
+    weights.push_back(name == model.tied_copy ? 0.0 : split.count(name) ? 1.0 : replicated);
   }
-  return clip_grad_norm_of_parts(parameters, weights, max_norm, {model.pp_group.get()});
+  return clip_grad_norm_of_parts(parameters, weights, max_norm,
+                                 {shards_across, model.tp_group.get(), model.pp_group.get()});
 }
 
 // What a rank holds under --tp or --pp, whole on each dp rank (single, ddp),
 // as a checkpoint of the whole model.
-HeldModel held_on_the_mesh(const Model& model) {
-  if (model.whole) return held_on_pipeline(*model.module, *model.whole, *model.mesh);
-  return held_on_mesh(*model.module, *model.mesh);
-}
+HeldModel held_on_the_mesh(const Model& model) { return held_on_mesh(*model.module, *model.mesh, model.whole.get()); }
 
 // Under --tp a checkpoint is the whole mesh's: every rank of the world
 // writes and reads its place in the global tensors (dtrain::held_on_mesh),
@@ -87,6 +77,12 @@ void init_on_mesh(const HeldModel& held, const std::string& path) {
   }
 }
 
+torch::Tensor parameter_named(const torch::nn::Module& module, const std::string& name) {
+  const auto named = module.named_parameters();
+  const auto* found = named.find(name);
+  return found ? *found : torch::Tensor();
+}
+
 std::vector<std::pair<std::string, torch::Tensor>> named_parameters(const torch::nn::Module& module) {
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (const auto& item : module.named_parameters()) named.emplace_back(item.key(), item.value());
@@ -101,8 +97,7 @@ class SingleProcess final : public Strategy {
   torch::Tensor forward(const torch::Tensor& inputs) override { return model_.forward(inputs); }
   std::vector<torch::Tensor> optimizer_parameters() override { return model_.module->parameters(); }
   double clip_grad_norm(double max_norm) override {
-    if (model_.pp_group) return clip_pipeline(model_, max_norm);
-    if (model_.tp_group) return clip_tensor_parallel(model_, named_parameters(*model_.module), max_norm, nullptr);
+    if (model_.mesh) return clip_on_mesh(model_, named_parameters(*model_.module), max_norm, nullptr);
     return dtrain::clip_grad_norm(model_.module->parameters(), max_norm, 2.0, /*shards_across=*/nullptr);
   }
   void save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step,
@@ -117,6 +112,7 @@ class SingleProcess final : public Strategy {
   HeldModel held() override {
     return model_.mesh ? held_on_the_mesh(model_) : detail::held_by_module(*model_.module, nullptr);
   }
+  torch::Tensor updated_tensor(const std::string& name) override { return parameter_named(*model_.module, name); }
   void load_initial_weights(const std::string& path) override {
     if (model_.mesh) return init_on_mesh(held(), path);
     train::load_initial_weights(*model_.module, path);
@@ -139,8 +135,7 @@ class DataParallel final : public Strategy {
   }
   std::vector<torch::Tensor> optimizer_parameters() override { return ddp_.parameters(); }
   double clip_grad_norm(double max_norm) override {
-    if (model_.pp_group) return clip_pipeline(model_, max_norm);
-    if (model_.tp_group) return clip_tensor_parallel(model_, named_parameters(*model_.module), max_norm, nullptr);
+    if (model_.mesh) return clip_on_mesh(model_, named_parameters(*model_.module), max_norm, nullptr);
     return dtrain::clip_grad_norm(ddp_, max_norm);
   }
   // Microbatches (--pp): gradients accumulate locally and are averaged over
@@ -163,6 +158,7 @@ class DataParallel final : public Strategy {
   HeldModel held() override {
     return model_.mesh ? held_on_the_mesh(model_) : detail::held_by_module(*model_.module, world_);
   }
+  torch::Tensor updated_tensor(const std::string& name) override { return parameter_named(*model_.module, name); }
   void load_initial_weights(const std::string& path) override {
     if (model_.mesh) return init_on_mesh(held(), path);
     train::load_initial_weights(*model_.module, path);
@@ -186,10 +182,10 @@ class FullySharded final : public Strategy {
   }
   std::vector<torch::Tensor> optimizer_parameters() override { return fsdp_.parameters(); }
   double clip_grad_norm(double max_norm) override {
-    if (model_.tp_group) {
+    if (model_.mesh) {
       std::vector<std::pair<std::string, torch::Tensor>> shards;
       for (const auto& shard : fsdp_.parameter_shards()) shards.emplace_back(shard.name, shard.parameter);
-      return clip_tensor_parallel(model_, shards, max_norm, &fsdp_.shard_group());
+      return clip_on_mesh(model_, shards, max_norm, &fsdp_.shard_group());
     }
     return dtrain::clip_grad_norm(fsdp_, max_norm);
   }
@@ -209,7 +205,16 @@ class FullySharded final : public Strategy {
     if (model_.mesh) return load_on_mesh(model_, held(), dir, optimizer);
     return load_checkpoint(dir, fsdp_, &optimizer);
   }
-  HeldModel held() override { return model_.mesh ? held_on_mesh(fsdp_, *model_.mesh) : detail::held_by_fsdp(fsdp_); }
+  HeldModel held() override {
+    return model_.mesh ? held_on_mesh(fsdp_, *model_.mesh, model_.whole.get()) : detail::held_by_fsdp(fsdp_);
+  }
+  void begin_microbatches() override { fsdp_.gather_for_step(); }
+  void end_microbatches() override { fsdp_.reduce_step_gradients(); }
+  torch::Tensor updated_tensor(const std::string& name) override {
+    for (const auto& shard : fsdp_.parameter_shards())
+      if (shard.name == name) return shard.parameter;
+    return {};
+  }
   void load_initial_weights(const std::string& path) override {
     if (model_.mesh) return init_on_mesh(held(), path);
     try {

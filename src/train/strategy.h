@@ -43,6 +43,13 @@ class Strategy {
   // updated parameters whole again where they need to be).
   virtual void optimizer_step(torch::optim::Optimizer& optimizer) { optimizer.step(); }
 
+  // --pp: bracket a step's microbatches (whose forwards and backwards
+  // interleave). The sharded strategies gather every unit once before and
+  // reduce the accumulated gradients once after (FullyShardedBase::
+  // gather_for_step); the others need nothing.
+  virtual void begin_microbatches() {}
+  virtual void end_microbatches() {}
+
   // Runs one microbatch's backward (--pp: several per step, the last with
   // `last_in_step`); engines that reduce gradients in backward do so only in
   // the last (DDP's no_sync for the others).
@@ -50,6 +57,11 @@ class Strategy {
     (void)last_in_step;
     backward();
   }
+
+  // The tensor the optimizer updates for parameter `name` on this rank (the
+  // module's parameter; the sharded strategies: its shard). Undefined when
+  // this rank holds none of it.
+  virtual torch::Tensor updated_tensor(const std::string& name) = 0;
 
   // Seconds the last backward spent waiting for other ranks (ddp: the end
   // of backward waiting on its buckets; 0 where unknown). --slow-rank and

@@ -171,7 +171,7 @@ void DataParallelRun::build() {
   memory::set_phase("construction of the model", train::construction_advice(config_, world_size_));
   torch::manual_seed(config_.seed);  // the same weights on every rank
   if (config_.pp > 1) {
-    model_ = train::build_stage(config_, *mesh_);
+    model_ = train::build_stage(config_, *mesh_, deferred);
     pipeline_.emplace(mesh_->comm("pp"), pp::schedule_from(config_.schedule), config_.microbatches);
   } else {
     model_ = train::build_model(config_, deferred, config_.tp > 1 ? mesh_->comm("tp") : nullptr);
@@ -181,6 +181,8 @@ void DataParallelRun::build() {
       model_, {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision,
                .fsdp_prefetch = config_.fsdp_prefetch, .fsdp_compress = config_.fsdp_compress},
       data_world_);
+  // The tied wte as the optimizer updates it (the sharded strategies: its shard).
+  if (pipeline_) model_.tied_weight = strategy_->updated_tensor("wte.weight");
   if (!config_.init_from.empty()) {
     memory::set_phase("load of --init-from " + config_.init_from);
     strategy_->load_initial_weights(config_.init_from);
@@ -314,11 +316,13 @@ double DataParallelRun::pipeline_forward_and_backward(int64_t step, const data::
     if (poison) sum = sum * std::nan("");
     return sum * (to_global_mean * M);  // the pipeline divides each microbatch's loss by M
   };
+  strategy_->begin_microbatches();
   const double scaled = pipeline_->step([&](const torch::Tensor& x) { return strategy_->forward(x); }, loss,
                                         part.inputs, part.targets, activation_shape(part.inputs.size(0) / M),
                                         torch::kFloat32, [&](bool last, const std::function<void()>& backward) {
                                           strategy_->run_backward(last, backward);
                                         });
+  strategy_->end_microbatches();
   pp::sum_tied_gradients(model_.tied_weight, *pipeline_);
   return scaled / to_global_mean;
 }
@@ -401,8 +405,9 @@ void DataParallelRun::finish(double train_seconds) {
         [&](const torch::Tensor& tokens) {
           if (!pipeline_) return model_.full_logits(strategy_->forward(tokens));
           const int64_t n = tokens.size(0), t = tokens.size(1);
-          return pipeline_->infer([&](const torch::Tensor& x) { return strategy_->forward(x); }, tokens,
-                                  {n, t, config_.gpt_dim}, {n, t, train::gpt_config(config_).vocab_size});
+          return model_.full_logits(pipeline_->infer([&](const torch::Tensor& x) { return strategy_->forward(x); },
+                                                     tokens, {n, t, config_.gpt_dim},
+                                                     {n, t, train::gpt_config(config_).vocab_size / config_.tp}));
         });
   }
   auto rss = torch::zeros({world_size_}, torch::kFloat64);
