@@ -14,6 +14,8 @@
    before any rank starts, naming --init-from.
 4. The GPT's --seed 1 file loaded under --tp 2 (FSDP on a (2, 2) mesh, and
    one replica on (1, 2)) reproduces the single-process --seed 1 losses.
+5. So does a 2-block GPT's file under --pp 2: FSDP on a (dp, pp) = (2, 2)
+   mesh, and DDP on (1, 2, 2) with tensor parallelism inside the stages.
 """
 
 import math
@@ -82,6 +84,23 @@ def main():
         for mesh in (["--strategy", "fsdp", "--nproc", "4", "--tp", "2"], ["--strategy", "ddp", "--nproc", "2", "--tp", "2"]):
             loaded = losses(dtrain, gpt + mesh + ["--seed", "2", "--init-from", gpt_seed1], folder, "gpt-tp")
             print("check_init_from: GPT --seed 1: %s\n  %s --seed 2 --init-from: %s" % (reference, " ".join(mesh), loaded))
+            if len(loaded) != len(reference) or any(abs(a - b) > 1e-4 for a, b in zip(loaded, reference)):
+                fail("%s --init-from a --seed 1 file did not reproduce the --seed 1 losses" % " ".join(mesh))
+
+        # 5. Pipeline parallelism: each stage reads its blocks (and the tied
+        # wte, on both end stages) of a 2-block GPT's file: FSDP over (dp, pp)
+        # = (2, 2), and DDP on (1, 2, 2) with tensor parallelism inside.
+        gpt2_seed1 = os.path.join(folder, "gpt2-seed1.safetensors")
+        save(helper, gpt2_seed1, 1, "seeded", "gpt", 2, 32, 2, 32)
+        gpt2 = list(GPT)
+        gpt2[gpt2.index("--gpt-layers") + 1] = "2"
+        gpt2 += ["--shuffle", "false", "--steps", "4"]
+        reference = losses(dtrain, gpt2 + ["--strategy", "single", "--seed", "1"], folder, "gpt2-seed1")
+        for mesh in (["--strategy", "fsdp", "--nproc", "4", "--pp", "2", "--microbatches", "2"],
+                     ["--strategy", "ddp", "--nproc", "4", "--pp", "2", "--tp", "2", "--microbatches", "2"]):
+            loaded = losses(dtrain, gpt2 + mesh + ["--seed", "2", "--init-from", gpt2_seed1], folder, "gpt-pp")
+            print("check_init_from: 2-block GPT --seed 1: %s\n  %s --seed 2 --init-from: %s"
+                  % (reference, " ".join(mesh), loaded))
             if len(loaded) != len(reference) or any(abs(a - b) > 1e-4 for a, b in zip(loaded, reference)):
                 fail("%s --init-from a --seed 1 file did not reproduce the --seed 1 losses" % " ".join(mesh))
 
