@@ -421,7 +421,9 @@ void DataParallelRun::finish(double train_seconds) {
     result_.eval_accuracy = final_eval_->accuracy;
   }
   result_.step_time_s_median = median(loop_->step_times());
-  if (const auto tuning = strategy_->prefetch_tuning()) {
+  // Under --pp the sharded strategies gather each unit once per step
+  // (Note [pipeline steps]): there is no prefetch to tune or report.
+  if (const auto tuning = pipeline_ ? std::nullopt : strategy_->prefetch_tuning()) {
     result_.fsdp_prefetch = tuning->prefetch ? "on" : "off";
     result_.prefetch_with_s = tuning->with_prefetch_s;
     result_.prefetch_without_s = tuning->without_prefetch_s;
