@@ -25,10 +25,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+from train_run import run_train
 
 
 def spans_by_rank(trace_path):
@@ -64,18 +65,12 @@ def run(dtrain, train_args, pp, microbatches, schedule, folder):
     command = [dtrain, "train"] + train_args + ["--pp", str(pp), "--nproc", str(pp), "--strategy", "single",
                                                 "--microbatches", str(microbatches), "--schedule", schedule,
                                                 "--log-every", "1", "--metrics", metrics, "--trace", trace]
-    print("running: " + " ".join(command), flush=True)
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    with open(metrics) as f:
-        records = [json.loads(line) for line in f]
-    steps = [r["step_time_s"] for r in records if "step_time_s" in r and not r.get("final")]
-    tokens = [r["tokens_per_s"] for r in records if "tokens_per_s" in r and not r.get("final")]
-    final = records[-1]
+    steps, tokens, final = run_train(command, metrics)
     spans = spans_by_rank(trace)
     return {"schedule": schedule, "microbatches": microbatches, "pp": pp,
             "ideal_bubble": (pp - 1) / (microbatches + pp - 1),
             "bubble_per_stage": [bubble_of_stage(spans[rank], 2) for rank in sorted(spans)],
-            "step_time_s": statistics.median(steps[2:]), "tokens_per_s": statistics.median(tokens[2:]),
+            "step_time_s": statistics.median(steps), "tokens_per_s": statistics.median(tokens),
             "peak_bytes_per_stage": final["peak_memory_bytes_per_rank"], "mesh": final["mesh"]}
 
 

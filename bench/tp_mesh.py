@@ -31,17 +31,12 @@ import subprocess
 import tempfile
 import time
 
+from train_run import run_train
+
 
 def run(dtrain, args, metrics):
-    command = [dtrain, "train"] + args + ["--log-every", "1", "--metrics", metrics]
-    print("running: " + " ".join(command), flush=True)
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    with open(metrics) as f:
-        records = [json.loads(line) for line in f]
-    steps = [r["step_time_s"] for r in records if "step_time_s" in r and not r.get("final")]
-    tokens = [r["tokens_per_s"] for r in records if "tokens_per_s" in r and not r.get("final")]
-    final = records[-1]
-    return {"step_time_s": steps[2:], "tokens_per_s": tokens[2:], "peak_bytes_per_rank": final["peak_memory_bytes_per_rank"],
+    steps, tokens, final = run_train([dtrain, "train"] + args + ["--log-every", "1", "--metrics", metrics], metrics)
+    return {"step_time_s": steps, "tokens_per_s": tokens, "peak_bytes_per_rank": final["peak_memory_bytes_per_rank"],
             "construction_peak_bytes": final["construction_peak_bytes"], "step_peak_bytes": final["step_peak_bytes"],
             "mesh": final["mesh"]}
 

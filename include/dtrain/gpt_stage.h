@@ -42,6 +42,14 @@ class GPTStageImpl : public torch::nn::Module, public DeferredInit {
 };
 TORCH_MODULE(GPTStage);
 
+// What every GPT stage (GPTStage, TPGPTStage) checks. check_stage: the
+// config is GPT's and the stage and its blocks fit it (std::invalid_argument
+// naming `what` and the numbers). stage_positions: the first stage's input
+// is int64 tokens [B,T] with T <= seq_len; returns the positions 0..T-1.
+void check_stage(const GPTConfig& config, int stage, int stages, int64_t first_block, int64_t last_block,
+                 const std::string& what);
+torch::Tensor stage_positions(const torch::Tensor& tokens, const GPTConfig& config, const std::string& what);
+
 // GPT-2's initialisation of one module, as GPT::init_module does it.
 void init_gpt_module(torch::nn::Module& module, at::Generator& generator);
 

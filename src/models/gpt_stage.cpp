@@ -5,14 +5,27 @@
 
 namespace dtrain::models {
 
+void check_stage(const GPTConfig& config, int stage, int stages, int64_t first_block, int64_t last_block,
+                 const std::string& what) {
+  GPTImpl::parameter_count(config);  // GPT's checks of the config
+  if (stages < 1 || stage < 0 || stage >= stages || first_block < 0 || last_block < first_block ||
+      last_block > config.n_layer)
+    throw std::invalid_argument(what + ": stage " + std::to_string(stage) + " of " + std::to_string(stages) +
+                                " with blocks [" + std::to_string(first_block) + ", " + std::to_string(last_block) +
+                                ") of " + std::to_string(config.n_layer));
+}
+
+torch::Tensor stage_positions(const torch::Tensor& tokens, const GPTConfig& config, const std::string& what) {
+  TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong, what,
+              ": the first stage expects int64 tokens of shape [B,T], got ", tokens.scalar_type(), " ", tokens.sizes());
+  const int64_t T = tokens.size(1);
+  TORCH_CHECK(T <= config.seq_len, what, ": sequence of ", T, " tokens is longer than seq_len ", config.seq_len);
+  return torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+}
+
 GPTStageImpl::GPTStageImpl(const GPTConfig& config, int stage, int stages, int64_t first_block, int64_t last_block)
     : config_(config), stage_(stage), stages_(stages) {
-  GPTImpl::parameter_count(config_);  // GPT's checks of the config
-  if (stages < 1 || stage < 0 || stage >= stages || first_block < 0 || last_block < first_block ||
-      last_block > config_.n_layer)
-    throw std::invalid_argument("GPTStage: stage " + std::to_string(stage) + " of " + std::to_string(stages) +
-                                " with blocks [" + std::to_string(first_block) + ", " + std::to_string(last_block) +
-                                ") of " + std::to_string(config_.n_layer));
+  check_stage(config_, stage, stages, first_block, last_block, "GPTStage");
   // Registration order as GPT's: wte, wpe, blocks, ln_f (the last stage's wte
   // is the tied head's copy).
   if (is_first() || is_last()) {
@@ -43,12 +56,7 @@ void GPTStageImpl::init_module(const std::string& /*name*/, torch::nn::Module& m
 torch::Tensor GPTStageImpl::forward(torch::Tensor input) {
   torch::Tensor x = input;
   if (is_first()) {
-    TORCH_CHECK(input.dim() == 2 && input.scalar_type() == torch::kLong,
-                "GPTStage: the first stage expects int64 tokens of shape [B,T], got ", input.scalar_type(), " ",
-                input.sizes());
-    const int64_t T = input.size(1);
-    TORCH_CHECK(T <= config_.seq_len, "GPTStage: sequence of ", T, " tokens is longer than seq_len ", config_.seq_len);
-    auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(input.device()));
+    const torch::Tensor positions = stage_positions(input, config_, "GPTStage");
     const auto embed = [this](const torch::Tensor& tokens) {
       check_materialized(wte_->weight, "GPTStage");
       return wte_->forward(tokens);

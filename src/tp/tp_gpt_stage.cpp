@@ -1,6 +1,8 @@
 // A pipeline stage of the tensor-parallel GPT (dtrain/tp_gpt_stage.h).
 #include "dtrain/tp_gpt_stage.h"
 
+#include <dtrain/gpt_stage.h>
+
 #include <stdexcept>
 #include <string>
 
@@ -9,13 +11,8 @@ namespace dtrain::models {
 TPGPTStageImpl::TPGPTStageImpl(const GPTConfig& config, CommPtr group, int stage, int stages, int64_t first_block,
                                int64_t last_block)
     : config_(config), group_(std::move(group)), stage_(stage), stages_(stages) {
-  GPTImpl::parameter_count(config_);  // GPT's checks of the config
+  check_stage(config_, stage, stages, first_block, last_block, "TPGPTStage");
   check_tensor_parallel(config_, group_->size());
-  if (stages < 1 || stage < 0 || stage >= stages || first_block < 0 || last_block < first_block ||
-      last_block > config_.n_layer)
-    throw std::invalid_argument("TPGPTStage: stage " + std::to_string(stage) + " of " + std::to_string(stages) +
-                                " with blocks [" + std::to_string(first_block) + ", " + std::to_string(last_block) +
-                                ") of " + std::to_string(config_.n_layer));
   // GPT's registration order and names (see GPTStage).
   if (is_first() || is_last()) {
     wte_ = register_module("wte", deferred(tp::VocabParallelEmbedding(config_.vocab_size, config_.n_embd, group_)));
@@ -41,12 +38,7 @@ void TPGPTStageImpl::init_module(const std::string& /*name*/, torch::nn::Module&
 torch::Tensor TPGPTStageImpl::forward(torch::Tensor input) {
   torch::Tensor x = input;
   if (is_first()) {
-    TORCH_CHECK(input.dim() == 2 && input.scalar_type() == torch::kLong,
-                "TPGPTStage: the first stage expects int64 tokens of shape [B,T], got ", input.scalar_type(), " ",
-                input.sizes());
-    const int64_t T = input.size(1);
-    TORCH_CHECK(T <= config_.seq_len, "TPGPTStage: sequence of ", T, " tokens is longer than seq_len ", config_.seq_len);
-    auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(input.device()));
+    const torch::Tensor positions = stage_positions(input, config_, "TPGPTStage");
     const auto embed = [this](const torch::Tensor& tokens) {
       check_materialized(wte_->weight, "TPGPTStage");
       return wte_->forward(tokens);

@@ -15,6 +15,38 @@
 
 namespace dtrain::train {
 
+namespace {
+
+// The module and its forward, for a model of any holder type.
+template <class Holder>
+void set_module(Model& model, Holder module) {
+  model.module = module.ptr();
+  model.forward = [module](const torch::Tensor& x) mutable { return module->forward(x); };
+}
+
+// A model split across `tp_group` (TPGPT, TPGPTStage): the vocabulary-parallel
+// loss per sample, the logits gathered for sampling, and which parameters are slices.
+template <class Holder>
+void set_tensor_parallel(Model& model, Holder module, const CommPtr& tp_group) {
+  set_module(model, module);
+  model.loss = [module](const torch::Tensor& logits, const torch::Tensor& targets) {
+    return module->loss(logits, targets).view({targets.size(0), targets.size(1)}).mean(1);
+  };
+  model.full_logits = [tp_group](const torch::Tensor& logits) { return tp::gather_last_dim(logits, tp_group); };
+  model.tp_group = tp_group;
+  model.tp_split_names = tp::split_parameter_names(*module);
+}
+
+// A pipeline stage's tied wte: its tensor, and on the last stage the name of
+// the copy that gradient norms leave out.
+template <class Holder>
+void set_tied_weight(Model& model, const Holder& module, int stages) {
+  model.tied_weight = module->tied_weight();
+  if (stages > 1 && module->is_last()) model.tied_copy = "wte.weight";
+}
+
+}  // namespace
+
 bool builds_deferred(const std::string& strategy) { return strategy_info(strategy).deferred_construction; }
 
 Model build_model(const TrainConfig& config, bool deferred, CommPtr tp_group) {
@@ -22,32 +54,18 @@ Model build_model(const TrainConfig& config, bool deferred, CommPtr tp_group) {
   if (deferred) deferring.emplace();
   Model model;
   if (config.model == "mlp") {
-    models::MLP mlp(config.mlp_hidden, config.dropout);
-    model.module = mlp.ptr();
-    model.forward = [mlp](const torch::Tensor& x) mutable { return mlp->forward(x); };
+    set_module(model, models::MLP(config.mlp_hidden, config.dropout));
   } else if (config.model == "cnn") {
-    models::CNN cnn;
-    model.module = cnn.ptr();
-    model.forward = [cnn](const torch::Tensor& x) mutable { return cnn->forward(x); };
+    set_module(model, models::CNN());
   } else if (config.model == "gpt" && config.tp > 1) {
     if (!tp_group || tp_group->size() != config.tp)
       throw std::invalid_argument("build_model: --tp " + std::to_string(config.tp) + " needs its tensor-parallel group");
-    models::TPGPT gpt(gpt_config(config), tp_group, config.sequence_parallel);
-    model.module = gpt.ptr();
-    model.forward = [gpt](const torch::Tensor& x) mutable { return gpt->forward(x); };
-    model.loss = [gpt](const torch::Tensor& logits, const torch::Tensor& targets) {
-      return gpt->loss(logits, targets).view({targets.size(0), targets.size(1)}).mean(1);
-    };
-    model.full_logits = [tp_group](const torch::Tensor& logits) { return tp::gather_last_dim(logits, tp_group); };
-    model.tp_group = tp_group;
-    model.tp_split_names = tp::split_parameter_names(*gpt);
+    set_tensor_parallel(model, models::TPGPT(gpt_config(config), tp_group, config.sequence_parallel), tp_group);
     model.classification = false;
     model.parameters = models::GPTImpl::parameter_count(gpt_config(config));
     return model;
   } else if (config.model == "gpt") {
-    models::GPT gpt(gpt_config(config));
-    model.module = gpt.ptr();
-    model.forward = [gpt](const torch::Tensor& x) mutable { return gpt->forward(x); };
+    set_module(model, models::GPT(gpt_config(config)));
     model.classification = false;
   } else {
     throw std::invalid_argument("--model '" + config.model + "' is not one of mlp, cnn, gpt");
@@ -77,24 +95,14 @@ Model build_stage(const TrainConfig& config, const DeviceMesh& mesh, bool deferr
     // Tensor parallelism inside the stage: a (dp, pp, tp) mesh.
     const CommPtr tp_group = mesh.comm("tp");
     models::TPGPTStage module(gpt, tp_group, stage, stages, blocks.first, blocks.last);
-    model.module = module.ptr();
-    model.forward = [module](const torch::Tensor& x) mutable { return module->forward(x); };
-    model.loss = [module](const torch::Tensor& logits, const torch::Tensor& targets) {
-      return module->loss(logits, targets).view({targets.size(0), targets.size(1)}).mean(1);
-    };
-    model.full_logits = [tp_group](const torch::Tensor& logits) { return tp::gather_last_dim(logits, tp_group); };
-    model.tp_group = tp_group;
-    model.tp_split_names = tp::split_parameter_names(*module);
-    model.tied_weight = module->tied_weight();
-    if (stages > 1 && module->is_last()) model.tied_copy = "wte.weight";
+    set_tensor_parallel(model, module, tp_group);
+    set_tied_weight(model, module, stages);
   } else {
     models::GPTStage module(gpt, stage, stages, blocks.first, blocks.last);
-    model.module = module.ptr();
-    model.forward = [module](const torch::Tensor& x) mutable { return module->forward(x); };
+    set_module(model, module);
     model.loss = per_sample_loss;
     model.full_logits = [](const torch::Tensor& logits) { return logits; };
-    model.tied_weight = module->tied_weight();
-    if (stages > 1 && module->is_last()) model.tied_copy = "wte.weight";
+    set_tied_weight(model, module, stages);
   }
   model.mesh = &mesh;
   model.pp_group = mesh.comm("pp");
