@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -38,6 +41,12 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 Communicator& world() { return *g_world; }
+
+std::string shared_temp_folder(const std::string& what) {
+  auto pid = torch::tensor({world().rank() == 0 ? static_cast<int64_t>(::getpid()) : int64_t{0}});
+  world().blocking().all_reduce(pid, ReduceOp::Sum);
+  return (std::filesystem::temp_directory_path() / ("dtrain-" + what + "-" + std::to_string(pid.item<int64_t>()))).string();
+}
 const CommPtr& world_ptr() { return g_world; }
 
 int run_multirank_tests(int argc, char** argv) {

@@ -9,11 +9,17 @@
 
 #include <dtrain/comm.h>
 
+#include <string>
+
 namespace dtrain::testing {
 
 // The world communicator, valid while run_multirank_tests runs.
 Communicator& world();
 const CommPtr& world_ptr();
+
+// A temporary folder's path that every rank names alike (rank 0's pid in
+// it): collective over the world. Not created.
+std::string shared_temp_folder(const std::string& what);
 
 // Initialises gtest and dtrain (which removes --backend from argv), runs all
 // tests, agrees on the verdict across ranks. Returns main's exit code.

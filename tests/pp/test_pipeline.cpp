@@ -20,8 +20,6 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -205,9 +203,7 @@ TEST(Pipeline, TheStagesCheckpointIsTheWholeModels) {
     dtrain::DeferredConstruction deferred;  // names, shapes and dtypes only
     whole = models::GPT(config()).ptr();
   }
-  auto pid = torch::tensor({world().rank() == 0 ? static_cast<int64_t>(::getpid()) : int64_t{0}});
-  world().blocking().all_reduce(pid, dtrain::ReduceOp::Sum);
-  const auto folder = std::filesystem::temp_directory_path() / ("dtrain-pp-checkpoint-" + std::to_string(pid.item<int64_t>()));
+  const std::filesystem::path folder = dtrain::testing::shared_temp_folder("pp-checkpoint");
   torch::NoGradGuard no_grad;
   const dtrain::HeldModel held = dtrain::held_on_pipeline(*stage, *whole, mesh);
   dtrain::save_checkpoint((folder / "stages").string(), held, &optimizer, 2, mesh.world());

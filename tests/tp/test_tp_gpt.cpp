@@ -23,8 +23,6 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -114,19 +112,12 @@ TEST(TPGPT, InitialWeightsAreSlicesOfThePlainGPT) {
 
 enum class Engine { DDP, FSDP };
 
-// A folder every rank names alike (rank 0's pid).
-std::string shared_folder(const std::string& what) {
-  auto pid = torch::tensor({world().rank() == 0 ? static_cast<int64_t>(::getpid()) : int64_t{0}});
-  world().blocking().all_reduce(pid, dtrain::ReduceOp::Sum);
-  return (std::filesystem::temp_directory_path() / ("dtrain-" + what + "-" + std::to_string(pid.item<int64_t>()))).string();
-}
-
 // Saves what this mesh holds and checks it against the single-process
 // model's own checkpoint (rank 0), then loads it back onto the mesh.
 void check_checkpoint(const std::string& where, const DeviceMesh& mesh, const dtrain::HeldModel& held,
                       torch::optim::Optimizer& optimizer, models::GPT& plain, torch::optim::Optimizer& reference_optimizer,
                       double tolerance) {
-  const std::string folder = shared_folder("tp-checkpoint");
+  const std::string folder = dtrain::testing::shared_temp_folder("tp-checkpoint");
   dtrain::save_checkpoint(folder + "/mesh", held, &optimizer, kSteps, mesh.world());
   if (world().rank() == 0) {
     dtrain::save_checkpoint(folder + "/single", *plain, &reference_optimizer, kSteps);
