@@ -88,7 +88,13 @@ double Pipeline::step(const StageForward& forward, const StageLoss& loss, const 
   const int64_t micro = microbatch_size(inputs, M);
   const auto options = torch::TensorOptions().dtype(dtype);
   std::deque<InFlight> in_flight;  // forwarded, not yet backwarded, oldest first
-  std::vector<WorkPtr> sends;      // waited for at the end (their tensors stay alive in them)
+  // Sends in flight, oldest first; each holds its tensor until it completes.
+  // Completed ones are dropped as the step goes, so that 1F1B's bound on
+  // live activations holds for what is sent too (not M outputs until the end).
+  std::deque<WorkPtr> sends;
+  const auto drop_completed_sends = [&] {
+    while (!sends.empty() && sends.front()->is_completed()) sends.pop_front();
+  };
   double loss_sum = 0;
   max_in_flight_ = 0;
 
@@ -131,6 +137,7 @@ double Pipeline::step(const StageForward& forward, const StageLoss& loss, const 
       backward();
     }
     if (!first) sends.push_back(backward_channel_->send(f.input.grad().contiguous(), s - 1, m));
+    drop_completed_sends();
   };
 
   if (schedule_ == Schedule::GPipe) {
