@@ -232,7 +232,13 @@ void write_checkpoint(const SaveRequest& request, const RankFile& built, std::st
       }
       fsync_path(temporary.string());  // the rank files' directory entries
       detail::crash_point("before writing the manifest");
-      write_whole_file((temporary / detail::kManifestName).string(), detail::manifest_to_json(manifest));
+      // The manifest goes through the parser every load uses (pieces cover
+      // each tensor exactly once, offsets and strides in range) before it
+      // is written: a save that describes its pieces wrongly fails here,
+      // naming the tensor, and the previous checkpoint stays in place.
+      const std::string manifest_text = detail::manifest_to_json(manifest);
+      detail::manifest_from_json(manifest_text, "the manifest this save was about to write");
+      write_whole_file((temporary / detail::kManifestName).string(), manifest_text);
       fsync_path(temporary.string());
       detail::crash_point("after writing the manifest, before moving the checkpoint into place");
       replace_directory(temporary, target);

@@ -303,6 +303,44 @@ TEST(Damage, SaveReplacesAnExistingCheckpoint) {
   remove_on_rank0(dir);
 }
 
+// A save whose pieces do not describe the tensors (here every rank holds
+// only elements [0, 6) of a 10-element tensor: [6, 10) is in no file) fails
+// at save time, through the parser every load uses, naming the manifest and
+// the tensor (rank 0; the others learn that it failed), and leaves no
+// checkpoint behind: before, such a save succeeded and only loads refused it.
+TEST(Damage, SaveRefusesAManifestItsPiecesDoNotCover) {
+  const std::string dir = shared_temp_dir("uncovered");
+  dtrain::HeldModel held;
+  held.strategy = world().size() == 1 ? "single" : "ddp";
+  held.rank = world().rank();
+  held.world_size = world().size();
+  const auto values = torch::arange(10, torch::kFloat32);
+  dtrain::HeldTensor piece;
+  piece.name = "w";
+  piece.shape = {10};
+  piece.begin = 0;
+  piece.end = 6;
+  piece.flat = values.narrow(0, 0, 6);
+  piece.replicas = world().size();
+  piece.replica = world().rank();
+  held.tensors.push_back(piece);
+  std::string error;
+  try {
+    dtrain::save_checkpoint(dir, held, nullptr, 1, world_ptr());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // Rank 0 writes the manifest and says why; the others learn that it failed.
+  EXPECT_FALSE(error.empty()) << "the save succeeded";
+  if (world().rank() == 0) {
+    EXPECT_NE(error.find("the manifest this save was about to write"), std::string::npos) << error;
+    EXPECT_NE(error.find("'w'"), std::string::npos) << error;
+  }
+  barrier();
+  EXPECT_FALSE(fs::exists(dir)) << dir;
+  remove_on_rank0(dir);
+}
+
 TEST(Damage, MismatchedModelOrOptimizerIsRefused) {
   const std::string dir = shared_temp_dir("mismatch");
   Trainee trainee("fsdp", "adamw", 5);
