@@ -37,14 +37,6 @@ void set_tensor_parallel(Model& model, Holder module, const CommPtr& tp_group) {
   model.tp_split_names = tp::split_parameter_names(*module);
 }
 
-// A pipeline stage's tied wte: its tensor, and on the last stage the name of
-// the copy that gradient norms leave out.
-template <class Holder>
-void set_tied_weight(Model& model, const Holder& module, int stages) {
-  model.tied_weight = module->tied_weight();
-  if (stages > 1 && module->is_last()) model.tied_copy = "wte.weight";
-}
-
 }  // namespace
 
 bool builds_deferred(const std::string& strategy) { return strategy_info(strategy).deferred_construction; }
@@ -96,14 +88,14 @@ Model build_stage(const TrainConfig& config, const DeviceMesh& mesh, bool deferr
     const CommPtr tp_group = mesh.comm("tp");
     models::TPGPTStage module(gpt, tp_group, stage, stages, blocks.first, blocks.last);
     set_tensor_parallel(model, module, tp_group);
-    set_tied_weight(model, module, stages);
   } else {
     models::GPTStage module(gpt, stage, stages, blocks.first, blocks.last);
     set_module(model, module);
     model.loss = per_sample_loss;
     model.full_logits = [](const torch::Tensor& logits) { return logits; };
-    set_tied_weight(model, module, stages);
   }
+  // The last stage's copy of the tied wte is counted on the first.
+  if (stages > 1 && stage == stages - 1) model.tied_copy = "wte.weight";
   model.mesh = &mesh;
   model.pp_group = mesh.comm("pp");
   {

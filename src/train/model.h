@@ -35,17 +35,15 @@ struct Model {
   std::vector<std::string> tp_split_names;
   // --tp, --pp: the trainer's mesh; checkpoints are the whole mesh's.
   const DeviceMesh* mesh = nullptr;
-  // --pp: module is this rank's models::GPTStage and forward its forward
-  // (tokens or the previous stage's activation -> activation or logits).
-  // `whole`: the whole GPT deferred (names and shapes, no storage), which
-  // checkpoints list; `tied_copy`: the name of a parameter this stage holds
-  // that another stage counts too (the last stage's copy of the tied wte),
-  // left out of gradient norms; `tied_weight`: the tied wte on the first and
-  // last stage (pp::sum_tied_gradients).
+  // --pp: module is this rank's models::GPTStage (models::TPGPTStage with
+  // --tp) and forward its forward (tokens or the previous stage's activation
+  // -> activation or logits). `whole`: the whole GPT deferred (names and
+  // shapes, no storage), which checkpoints list; `tied_copy`: the name of a
+  // parameter this stage holds that another stage counts too (the last
+  // stage's copy of the tied wte), left out of gradient norms.
   CommPtr pp_group;
   std::shared_ptr<torch::nn::Module> whole;
   std::string tied_copy;
-  torch::Tensor tied_weight;
   int64_t parameters = 0;      // of the whole model (all tensor-parallel slices)
   bool classification = true;  // mlp, cnn: logits [B,10]; gpt: logits [B,T,256] (under --tp: [B,T,256/tp])
 };

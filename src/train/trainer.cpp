@@ -99,6 +99,9 @@ class DataParallelRun final : public train::StepSource {
   const int dp_size_, dp_rank_;
   const bool part_leader_;  // the first rank of its dp index: logs and counts its part's loss once
   std::optional<pp::Pipeline> pipeline_;  // --pp: this rank's stage's schedule
+  // --pp: the tied wte as the optimizer updates it (the sharded strategies:
+  // its shard) on the first and last stage, for pp::sum_tied_gradients.
+  torch::Tensor tied_weight_;
   const bool printing_;
   train::TrainingData data_;
   std::optional<data::DistributedSampler> sampler_;  // rebuilt with --balance's local batch sizes
@@ -181,8 +184,7 @@ void DataParallelRun::build() {
       model_, {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision,
                .fsdp_prefetch = config_.fsdp_prefetch, .fsdp_compress = config_.fsdp_compress},
       data_world_);
-  // The tied wte as the optimizer updates it (the sharded strategies: its shard).
-  if (pipeline_) model_.tied_weight = strategy_->updated_tensor("wte.weight");
+  if (pipeline_) tied_weight_ = strategy_->updated_tensor("wte.weight");
   if (!config_.init_from.empty()) {
     memory::set_phase("load of --init-from " + config_.init_from);
     strategy_->load_initial_weights(config_.init_from);
@@ -323,7 +325,7 @@ double DataParallelRun::pipeline_forward_and_backward(int64_t step, const data::
                                           strategy_->run_backward(last, backward);
                                         });
   strategy_->end_microbatches();
-  pp::sum_tied_gradients(model_.tied_weight, *pipeline_);
+  pp::sum_tied_gradients(tied_weight_, *pipeline_);
   return scaled / to_global_mean;
 }
 
