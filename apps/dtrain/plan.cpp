@@ -1,5 +1,6 @@
 #include "plan.h"
 
+#include "dtrain/pipeline.h"
 #include "dtrain/plan.h"
 #include "dtrain/strategy_table.h"
 
@@ -45,12 +46,37 @@ nlohmann::json to_json(const plan::MemoryBreakdown& m) {
 
 struct Resolved {
   plan::ModelSpec model;
-  plan::PlanOptions options;  // over the data-parallel ranks (nproc / tp)
+  plan::PlanOptions options;  // over the data-parallel ranks (nproc / (pp x tp))
   int64_t global_batch = 0;
   std::string optimizer;
-  int nproc = 1, tp = 1;
+  int nproc = 1, tp = 1, pp = 1;
   int rank = 0;               // in the world
+  // --pp: the model of each stage (the planned rank's is `model`).
+  std::vector<plan::ModelSpec> stages;
 };
+
+// The mesh's coordinates of a world rank: dp outermost, tp innermost (as
+// dtrain train's make_mesh lays it out).
+int dp_coordinate(const PlanFlags& f, int rank) { return rank / (f.tp * f.pp); }
+int pp_coordinate(const PlanFlags& f, int rank) { return rank / f.tp % f.pp; }
+
+void check_pipeline_flags(const PlanFlags& f) {
+  if (f.pp == 1) {
+    if (f.microbatches > 1)
+      throw std::invalid_argument("--microbatches splits a pipeline's batch between its stages: it needs --pp N with N > 1");
+    return;
+  }
+  const std::string pp = "--pp " + std::to_string(f.pp);
+  if (f.model != "gpt") throw std::invalid_argument(pp + " divides the GPT's blocks into stages: it needs --model gpt");
+  if (f.sequence_parallel)
+    throw std::invalid_argument(pp + " with --sequence-parallel is not available yet (the stages send whole sequences)");
+  if (f.mixed_precision != "none")
+    throw std::invalid_argument(pp + " sends fp32 activations between the stages: --mixed-precision " +
+                                f.mixed_precision + " with --pp is not available yet");
+  if (f.gpt_layers < f.pp)
+    throw std::invalid_argument(pp + " needs at least " + std::to_string(f.pp) +
+                                " blocks (one per stage), got --gpt-layers " + std::to_string(f.gpt_layers));
+}
 
 Resolved resolve(const PlanFlags& f) {
   Resolved r;
@@ -59,18 +85,30 @@ Resolved resolve(const PlanFlags& f) {
   r.tp = f.tp;
   r.rank = f.rank;
   if (f.tp > 1 && !gpt) throw std::invalid_argument("--tp " + std::to_string(f.tp) + " splits the GPT's blocks: it needs --model gpt");
-  if (f.nproc % f.tp != 0)
-    throw std::invalid_argument("--tp " + std::to_string(f.tp) + " does not divide --nproc " + std::to_string(f.nproc) +
-                                " (the mesh is dp = nproc / tp by tp)");
+  r.pp = f.pp;
+  check_pipeline_flags(f);
+  if (f.nproc % (f.tp * f.pp) != 0) {
+    if (f.pp == 1)
+      throw std::invalid_argument("--tp " + std::to_string(f.tp) + " does not divide --nproc " +
+                                  std::to_string(f.nproc) + " (the mesh is dp = nproc / tp by tp)");
+    throw std::invalid_argument("--pp " + std::to_string(f.pp) + (f.tp > 1 ? " x --tp " + std::to_string(f.tp) : "") +
+                                " does not divide --nproc " + std::to_string(f.nproc) + " (the mesh is dp = nproc / (" +
+                                (f.tp > 1 ? "pp x tp) by pp by tp)" : "pp) by pp)"));
+  }
   if (f.sequence_parallel && f.tp == 1)
     throw std::invalid_argument("--sequence-parallel splits tensor parallelism's activations along the sequence: it needs --tp N");
   // The engine runs over the dp ranks; the tp ranks of one dp group share its batch part.
-  const int dp = f.nproc / f.tp;
+  const int dp = f.nproc / (f.tp * f.pp);
   r.global_batch = f.batch_size > 0 ? f.batch_size : (gpt ? 32 : 128);
   if (r.global_batch < dp)
     throw std::invalid_argument("--batch-size " + std::to_string(r.global_batch) +
                                 " is the global batch and must be at least --nproc (" + std::to_string(dp) +
-                                (f.tp > 1 ? " dp groups" : "") + ": every rank needs a sample)");
+                                (f.tp * f.pp > 1 ? " dp groups" : "") + ": every rank needs a sample)");
+  if (f.pp > 1 && r.global_batch % (static_cast<int64_t>(dp) * f.microbatches) != 0)
+    throw std::invalid_argument("--batch-size " + std::to_string(r.global_batch) + " does not split into " +
+                                std::to_string(dp) + " data-parallel part(s) x --microbatches " +
+                                std::to_string(f.microbatches) + " equal microbatches (a multiple of " +
+                                std::to_string(dp * f.microbatches) + ")");
   // DistributedSampler: the first B % N ranks get one sample more; plan the busiest.
   const int64_t per_rank = (r.global_batch + dp - 1) / dp;
 
@@ -79,14 +117,15 @@ Resolved resolve(const PlanFlags& f) {
   if (f.rank >= f.nproc)
     throw std::invalid_argument("--rank " + std::to_string(f.rank) + " is outside --nproc " + std::to_string(f.nproc) +
                                 " (ranks are 0.." + std::to_string(f.nproc - 1) + ")");
-  r.options.rank = f.rank / f.tp;  // its coordinate along dp (tp innermost)
+  r.options.rank = dp_coordinate(f, f.rank);
+  r.options.schedule = pp::schedule_from(f.schedule);
   if (strategy_info(f.strategy).sharding == Sharding::Hybrid) {
     if (f.hybrid_group_size == 0)
       throw std::invalid_argument("--strategy hsdp needs --hybrid-group-size G: ranks per sharding group, "
                                   "a divisor of --nproc");
     if (dp % f.hybrid_group_size != 0)
       throw std::invalid_argument("--hybrid-group-size " + std::to_string(f.hybrid_group_size) +
-                                  " must divide --nproc " + std::to_string(dp) + (f.tp > 1 ? " / --tp" : ""));
+                                  " must divide --nproc " + std::to_string(dp) + (f.tp * f.pp > 1 ? " / (pp x tp)" : ""));
     r.options.fsdp.hybrid_group_size = f.hybrid_group_size;
   } else if (f.hybrid_group_size != 0) {
     throw std::invalid_argument("--hybrid-group-size applies to --strategy hsdp only, not " + f.strategy);
@@ -129,19 +168,72 @@ Resolved resolve(const PlanFlags& f) {
   gpt_config.n_embd = f.gpt_dim;
   gpt_config.n_head = f.gpt_heads;
   gpt_config.seq_len = f.seq_len;
+  if (f.pp > 1) {
+    for (int stage = 0; stage < f.pp; ++stage)
+      r.stages.push_back(plan::describe_gpt_stage(gpt_config, per_rank, f.microbatches, compute, stage, f.pp, f.tp));
+    r.model = r.stages[static_cast<size_t>(pp_coordinate(f, f.rank))];
+    return r;
+  }
   r.model = f.tp > 1 ? plan::describe_tp_gpt(gpt_config, per_rank, compute, f.tp, f.sequence_parallel)
                       : plan::describe_model(f.model, gpt_config, f.mlp_hidden, per_rank, compute);
   return r;
+}
+
+// Which dimension of the mesh a collective runs over.
+const char* dimension_of(const plan::Collective& c) {
+  if (c.what.find("tensor parallel") != std::string::npos) return "tp";
+  if (c.what.find("pipeline") != std::string::npos || c.what.find("end stages") != std::string::npos) return "pp";
+  return "dp";
+}
+
+int64_t wire_bytes_over(const plan::Plan& p, const std::string& dimension) {
+  int64_t sent = 0;
+  for (const auto& c : p.collectives)
+    if (dimension_of(c) == dimension) sent += c.wire_bytes;
+  return sent;
+}
+
+// --pp: every stage's plan, at the planned rank's dp and tp coordinates.
+std::vector<plan::Plan> stage_plans(const Resolved& r) {
+  std::vector<plan::Plan> plans;
+  for (const auto& stage : r.stages) plans.push_back(plan::make_plan(stage, r.options));
+  return plans;
+}
+
+void print_pipeline(const Resolved& r, const plan::Plan& p) {
+  const auto& stage = r.model.pipeline;
+  std::printf("\nPipeline: stage %d of %d, %d microbatch(es) of %lld window(s), %s: at most %d microbatch(es)' "
+              "activations alive at once; each microbatch's activation and its gradient are %s\n",
+              stage.stage, stage.stages, stage.microbatches,
+              static_cast<long long>(r.model.batch_per_rank / stage.microbatches),
+              pp::schedule_name(r.options.schedule).c_str(), p.microbatches_in_flight,
+              human(stage.message_bytes).c_str());
+  std::printf("Every stage (at this rank's dp%s coordinate):\n", r.tp > 1 ? " and tp" : "");
+  std::printf("  %-6s %-14s %12s %12s %10s %14s\n", "stage", "", "step peak", "start peak", "in flight", "pp sends/step");
+  const auto plans = stage_plans(r);
+  for (size_t s = 0; s < plans.size(); ++s) {
+    const auto& description = r.stages[s].description;
+    const auto blocks = description.find("(blocks ");
+    const std::string which = blocks == std::string::npos ? "" : description.substr(blocks, description.find(')', blocks) - blocks + 1);
+    std::printf("  %-6zu %-14s %12s %12s %10d %14s\n", s, which.c_str(), human(plans[s].peak.total()).c_str(),
+                human(plans[s].construction.total()).c_str(), plans[s].microbatches_in_flight,
+                human(wire_bytes_over(plans[s], "pp")).c_str());
+  }
 }
 
 void print(const Resolved& r, const plan::Plan& p) {
   const auto& model = r.model;
   std::printf("dtrain plan: %s\n", model.description.c_str());
   std::printf("  %.2fM parameters in %zu unit(s)%s\n", model.parameter_count() / 1e6, model.units.size(),
-              model.units.size() == 1 ? " (the whole model is the root unit)" : " (the root and one per block)");
+              model.units.size() == 1 ? " (the whole model is the root unit)"
+              : r.pp > 1              ? " (the stage's root, wte on the end stages, one per block)"
+                                      : " (the root and one per block)");
   const bool ddp = p.strategy == "ddp";
   std::printf("  strategy %s, %d rank(s)", p.strategy.c_str(), r.nproc);
-  if (r.tp > 1) std::printf(", mesh (dp=%d, tp=%d): %s over dp", p.world_size, r.tp, p.strategy.c_str());
+  if (r.pp > 1)
+    std::printf(", mesh (dp=%d, pp=%d, tp=%d): %s over dp", p.world_size, r.pp, r.tp, p.strategy.c_str());
+  else if (r.tp > 1)
+    std::printf(", mesh (dp=%d, tp=%d): %s over dp", p.world_size, r.tp, p.strategy.c_str());
   if (!ddp) std::printf(", shard group %d", p.shard_group_size);
   std::printf(", batch %lld per rank (global %lld), %s, %s\n", static_cast<long long>(model.batch_per_rank),
               static_cast<long long>(r.global_batch),
@@ -163,13 +255,18 @@ void print(const Resolved& r, const plan::Plan& p) {
   row("activations", p.peak.activations, "saved for backward, workspace, batch, logits (estimate)");
   if (r.options.checkpoint_async)
     row("checkpoint staging", p.peak.checkpoint_staging, "--checkpoint-async: this rank's checkpoint in host memory");
-  std::printf("Activations at the end of forward (estimate, batch %lld per rank): %s.\n",
-              static_cast<long long>(model.batch_per_rank), human(p.forward_activation_bytes).c_str());
+  if (r.pp > 1)
+    std::printf("Activations after a forward, at the most microbatches in flight (estimate): %s.\n",
+                human(p.forward_activation_bytes).c_str());
+  else
+    std::printf("Activations at the end of forward (estimate, batch %lld per rank): %s.\n",
+                static_cast<long long>(model.batch_per_rank), human(p.forward_activation_bytes).c_str());
   std::printf("Between steps: %s.", human(p.between_steps.total()).c_str());
   if (!ddp)
     std::printf(" Largest unit gathered: %s; at most %d unit(s) gathered at once.",
                 human(p.largest_unit_gathered_bytes).c_str(), p.max_units_gathered);
   std::printf("\n");
+  if (r.pp > 1) print_pipeline(r, p);
 
   std::printf("\nCommunication per step (rank %d): %s handed to collectives, about %s sent (ring algorithms)\n",
               r.rank, human(p.payload_bytes_per_step).c_str(), human(p.wire_bytes_per_step).c_str());
@@ -177,12 +274,11 @@ void print(const Resolved& r, const plan::Plan& p) {
     std::printf("  compressed (--fsdp-compress %s): the byte counts below are the compressed records; the memory "
                 "above does not count the records' buffers\n",
                 to_string(r.options.fsdp.compression).c_str());
-  if (r.tp > 1) {
-    int64_t tp_sent = 0;
-    for (const auto& c : p.collectives)
-      if (c.what.find("tensor parallel") != std::string::npos) tp_sent += c.wire_bytes;
-    std::printf("  by dimension: dp (groups of %d) sends %s, tp (groups of %d) %s\n", p.world_size,
-                human(p.wire_bytes_per_step - tp_sent).c_str(), r.tp, human(tp_sent).c_str());
+  if (r.tp > 1 || r.pp > 1) {
+    std::printf("  by dimension: dp (groups of %d) sends %s", p.world_size, human(wire_bytes_over(p, "dp")).c_str());
+    if (r.pp > 1) std::printf(", pp (%d stages) %s", r.pp, human(wire_bytes_over(p, "pp")).c_str());
+    if (r.tp > 1) std::printf(", tp (groups of %d) %s", r.tp, human(wire_bytes_over(p, "tp")).c_str());
+    std::printf("\n");
   }
   for (const auto& c : p.collectives) {
     std::printf("  %-15s %-33s group %-3d %4lld calls %12s  sent %12s\n", c.op.c_str(), c.what.c_str(), c.group_size,
@@ -199,11 +295,28 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
   for (const auto& c : p.collectives)
     collectives.push_back({{"op", c.op}, {"what", c.what}, {"group_size", c.group_size}, {"calls", c.calls},
                            {"payload_bytes", c.payload_bytes}, {"wire_bytes", c.wire_bytes}});
+  nlohmann::json pipeline = nullptr;
+  if (r.pp > 1) {
+    nlohmann::json stages = nlohmann::json::array();
+    const auto plans = stage_plans(r);
+    for (size_t s = 0; s < plans.size(); ++s)
+      stages.push_back({{"stage", s}, {"step_peak_bytes", plans[s].peak.total()},
+                        {"construction_peak_bytes", plans[s].construction.total()},
+                        {"peak_bytes", plans[s].overall_peak_bytes()}, {"peak_moment", plans[s].peak_moment},
+                        {"microbatches_in_flight", plans[s].microbatches_in_flight},
+                        {"pp_wire_bytes_per_step", wire_bytes_over(plans[s], "pp")}});
+    const auto& stage = r.model.pipeline;
+    pipeline = {{"stage", stage.stage}, {"stages", stage.stages}, {"microbatches", stage.microbatches},
+                {"schedule", pp::schedule_name(r.options.schedule)},
+                {"microbatches_in_flight", p.microbatches_in_flight}, {"message_bytes", stage.message_bytes},
+                {"per_stage", stages}};
+  }
   return {{"model", r.model.description},
           {"parameters", r.model.parameter_count()},
           {"strategy", p.strategy},
           {"nproc", r.nproc},
-          {"mesh", {{"dp", p.world_size}, {"tp", r.tp}}},
+          {"mesh", {{"dp", p.world_size}, {"pp", r.pp}, {"tp", r.tp}}},
+          {"pipeline", pipeline},
           {"shard_group_size", p.shard_group_size},
           {"rank", r.rank},
           {"batch_size", r.global_batch},
@@ -280,6 +393,13 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
   cmd->add_option("--tp", f.tp, "Tensor parallelism (gpt): the (dp, tp) mesh as dtrain train --tp builds it; --strategy runs over dp")
       ->check(at_least(1))->capture_default_str();
   cmd->add_flag("--sequence-parallel", f.sequence_parallel, "With --tp: activations outside attention and the MLP split along the sequence");
+  cmd->add_option("--pp", f.pp, "Pipeline parallelism (gpt): the (dp, pp, tp) mesh as dtrain train --pp builds it; "
+                  "--rank picks the stage, and every stage's peak is listed")
+      ->check(at_least(1))->capture_default_str();
+  cmd->add_option("--microbatches", f.microbatches, "With --pp: microbatches per batch part")
+      ->check(at_least(1))->capture_default_str();
+  cmd->add_option("--schedule", f.schedule, "With --pp: 1f1b | gpipe")
+      ->check(CLI::IsMember({"1f1b", "gpipe"}))->capture_default_str();
   cmd->add_flag("--json", f.json, "Print the plan as JSON");
   return cmd;
 }

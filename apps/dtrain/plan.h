@@ -3,7 +3,7 @@
 // the arithmetic; this file is flags and printing).
 //
 //   dtrain plan --model gpt --gpt-layers 14 --gpt-dim 768 --gpt-heads 12 --seq-len 64
-//               --strategy fsdp --nproc 4 --batch-size 8 [--json]
+//               --strategy fsdp --nproc 4 --batch-size 8 [--tp 2] [--pp 2 --microbatches 4] [--json]
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -38,6 +38,9 @@ struct PlanFlags {
   int rank = 0;
   int tp = 1;                     // dtrain train --tp: the (dp, tp) mesh, dp = nproc / tp
   bool sequence_parallel = false;
+  int pp = 1;                     // dtrain train --pp: the (dp, pp, tp) mesh, dp = nproc / (pp x tp)
+  int microbatches = 1;
+  std::string schedule = "1f1b";  // 1f1b | gpipe
   bool json = false;
 };
 

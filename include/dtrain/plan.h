@@ -21,6 +21,7 @@
 
 #include <dtrain/fsdp.h>
 #include <dtrain/models.h>
+#include <dtrain/pipeline.h>
 
 #include <torch/types.h>
 
@@ -91,6 +92,20 @@ struct ModelSpec {
   // Tensor parallelism: the model is one rank's slice of a model `tensor_parallel` times
   // larger (parameter_count() counts the slice).
   int tensor_parallel = 1;
+  // Pipeline parallelism (describe_gpt_stage): the model is stage `stage` of
+  // `stages`, and its batch part runs as `microbatches` microbatches. The
+  // units' activations and workspaces, root_tail_*, output_bytes and
+  // loss_bytes are then one microbatch's (input_bytes and batch_per_rank stay
+  // the part's), and each microbatch receives `message_bytes` from the stage
+  // before and sends as much back as its gradient (and the same to and from
+  // the stage after).
+  struct PipelineStage {
+    int stage = 0, stages = 1;
+    int microbatches = 1;
+    int64_t message_bytes = 0;
+    bool first() const { return stage == 0; }
+    bool last() const { return stage == stages - 1; }
+  } pipeline;
 
   int64_t parameter_count() const;
 };
@@ -109,6 +124,19 @@ ModelSpec describe_gpt(const models::GPTConfig& config, int64_t batch_per_rank, 
 // heads or the vocabulary (or, with sequence_parallel, seq_len).
 ModelSpec describe_tp_gpt(const models::GPTConfig& config, int64_t batch_per_rank, torch::ScalarType compute_dtype,
                           int tp, bool sequence_parallel = false);
+// Stage `stage` of `stages` of the GPT as `dtrain train --pp` runs it:
+// models::GPTStage (tp = 1) or models::TPGPTStage (one tp rank's slice),
+// holding the blocks pp::divide_blocks gives it. Its units are the ones
+// fully_shard builds from the stage: the root (wpe on the first stage, ln_f
+// on the last, nothing in between), wte as a unit of its own on the first and
+// the last stage (the tied head's copy), and one per block. Activations of
+// one microbatch of batch_per_rank / microbatches windows; the tp group's
+// collectives for the step's microbatches. Plan it with make_plan and
+// PlanOptions::schedule at world_size = the data-parallel size. Throws
+// std::invalid_argument when stages < 2, the blocks cannot fill the stages,
+// or the batch does not split into the microbatches.
+ModelSpec describe_gpt_stage(const models::GPTConfig& config, int64_t batch_per_rank, int microbatches,
+                             torch::ScalarType compute_dtype, int stage, int stages, int tp = 1);
 // MLP and CNN as dtrain::models builds them. Their root module is not a
 // torch::nn::Sequential and holds no Sharded<> children, so under the default
 // wrap policy the whole model is one unit: the root.
@@ -152,6 +180,9 @@ struct PlanOptions {
   // checkpoint pieces (src/checkpoint/staging_buffer.h) is held from the
   // first save on, so it adds to a step's memory and to between_steps.
   bool checkpoint_async = false;
+  // A pipeline stage's schedule (ModelSpec::pipeline): GPipe keeps every
+  // microbatch's activations until its backward, 1F1B at most stages - stage.
+  pp::Schedule schedule = pp::Schedule::OneFOneB;
 };
 
 // Bytes by what they hold.
@@ -194,6 +225,9 @@ struct Plan {
   MemoryBreakdown between_steps;  // after zero_grad, before the next forward
   int64_t forward_activation_bytes = 0;  // activations alive at the end of forward (the estimate for the batch)
   int max_units_gathered = 0;     // at once (full buffers allocated), over the step
+  // A pipeline stage: the most microbatches whose activations it holds at
+  // once (1F1B: min(stages - stage, microbatches); GPipe: microbatches).
+  int microbatches_in_flight = 0;
   int64_t largest_unit_gathered_bytes = 0;
   std::vector<UnitPlan> units;
   std::vector<Collective> collectives;

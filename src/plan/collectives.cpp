@@ -22,6 +22,7 @@ namespace dtrain::plan::detail {
 namespace {
 
 int64_t wire(const std::string& op, int group, int64_t payload) {
+  if (op == "send") return payload;  // point to point: all of it to the one peer
   if (group <= 1) return 0;
   const int64_t share = payload / group * (group - 1);
   return op == "all_reduce" ? 2 * share : share;
@@ -63,6 +64,24 @@ void add_ddp_buckets(const ModelSpec& model, const Layout& layout, Plan& plan) {
   if (open > 0) close();
 }
 
+// A pipeline stage's messages to its neighbours (each microbatch's
+// activation forward, its gradient back), the tied wte's gradient summed over
+// the first and the last stage (pp::sum_tied_gradients: the shard, under
+// FSDP), and the loss from the last stage.
+void add_pipeline(const ModelSpec& model, const Layout& layout, Plan& plan) {
+  const auto& stage = model.pipeline;
+  for (int m = 0; m < stage.microbatches; ++m) {
+    if (!stage.last()) add(plan, "send", "activations, pipeline", 2, stage.message_bytes);
+    if (!stage.first()) add(plan, "send", "activation gradients, pipeline", 2, stage.message_bytes);
+  }
+  for (size_t u = 0; u < model.units.size(); ++u) {
+    if (model.units[u].name != "wte") continue;
+    const auto flat = flat_layout(model.units[u], layout);
+    add(plan, "all_reduce", "tied wte gradient, end stages", 2, (layout.ddp ? flat.numel : flat.shard) * 4);
+  }
+  add(plan, "all_reduce", "loss, pipeline", stage.stages, 8);
+}
+
 }  // namespace
 
 void count_collectives(const ModelSpec& model, const Layout& layout, const FSDPOptions& fsdp, Plan& plan) {
@@ -72,7 +91,9 @@ void count_collectives(const ModelSpec& model, const Layout& layout, const FSDPO
   } else {
     const int G = layout.group_size;
     const bool gathers = !(G == 1 && layout.compute_bytes == layout.master_bytes);
-    const bool regather = layout.strategy == Sharding::Full || layout.strategy == Sharding::Hybrid;
+    // A pipeline stage gathers each unit once per step (Note [pipeline steps]).
+    const bool regather = model.pipeline.stages == 1 &&
+                          (layout.strategy == Sharding::Full || layout.strategy == Sharding::Hybrid);
     for (size_t u = 0; u < model.units.size(); ++u) {
       if (model.units[u].parameters.empty()) continue;
       const auto flat = flat_layout(model.units[u], layout);
@@ -86,7 +107,7 @@ void count_collectives(const ModelSpec& model, const Layout& layout, const FSDPO
       const int64_t gathered = G * fsdp_rules::record_bytes(param_format, flat.shard, compression.block_size,
                                                            layout.compute_bytes);
       if (gathers) {
-        add(plan, "all_gather", "parameters, forward", G, gathered);
+        add(plan, "all_gather", model.pipeline.stages > 1 ? "parameters, step" : "parameters, forward", G, gathered);
         if (regather && u != 0) add(plan, "all_gather", "parameters, backward", G, gathered);
       }
       if (layout.strategy == Sharding::OptimizerOnly) {
@@ -102,6 +123,7 @@ void count_collectives(const ModelSpec& model, const Layout& layout, const FSDPO
       }
     }
   }
+  if (model.pipeline.stages > 1) add_pipeline(model, layout, plan);
   // The model's own (tensor parallelism's), over its group.
   for (Collective c : model.collectives) {
     c.wire_bytes = wire(c.op, c.group_size, c.payload_bytes);

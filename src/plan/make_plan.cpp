@@ -113,7 +113,11 @@ Plan make_plan(const ModelSpec& model, const PlanOptions& options) {
     plan.units.push_back(
         {unit.name, flat.numel, flat.padded, flat.shard, gathered ? flat.padded * layout.compute_bytes : 0});
   }
-  detail::simulate_step(model, layout, options.fsdp, plan);
+  if (model.pipeline.stages > 1) {
+    detail::simulate_pipeline_step(model, layout, options.fsdp, options.schedule, plan);
+  } else {
+    detail::simulate_step(model, layout, options.fsdp, plan);
+  }
   detail::simulate_construction(model, layout, options.init_from, plan);
   detail::count_collectives(model, layout, options.fsdp, plan);
   if (options.checkpoint_async) {

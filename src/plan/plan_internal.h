@@ -40,6 +40,11 @@ int64_t checkpoint_staging_bytes(const ModelSpec& model, const Layout& layout, O
 // max_units_gathered and largest_unit_gathered_bytes.
 void simulate_step(const ModelSpec& model, const Layout& layout, const FSDPOptions& fsdp, Plan& plan);
 
+// The same for a pipeline stage (model.pipeline.stages > 1) under `schedule`;
+// also fills microbatches_in_flight. Note [pipeline memory plan].
+void simulate_pipeline_step(const ModelSpec& model, const Layout& layout, const FSDPOptions& fsdp,
+                            pp::Schedule schedule, Plan& plan);
+
 // Replays the start of a run; fills construction and construction_moment.
 void simulate_construction(const ModelSpec& model, const Layout& layout, bool init_from, Plan& plan);
 

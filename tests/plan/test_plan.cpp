@@ -3,16 +3,20 @@
 // the tracking allocator measures on the same run. Runs on 1 and 2 ranks.
 #include <dtrain/ddp.h>
 #include <dtrain/fsdp.h>
+#include <dtrain/gpt_stage.h>
 #include <dtrain/mesh.h>
 #include <dtrain/tp_gpt.h>
+#include <dtrain/tp_gpt_stage.h>
 #include <dtrain/deferred_init.h>
 #include <dtrain/memory.h>
 #include <dtrain/models.h>
+#include <dtrain/pipeline.h>
 #include <dtrain/plan.h>
 
 #include "../common/multirank_gtest.h"
 
 #include <gtest/gtest.h>
+#include <torch/nn/functional/loss.h>
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -285,6 +289,129 @@ TEST(Measured, TensorParallelPeakMatchesThePlan) {
                                       << predicted.peak.total() << " at " << predicted.peak_moment;
       }
     }
+  }
+}
+
+// Pipeline parallelism (issue 21): each stage of a GPT on every (dp, pp)
+// mesh of the world with pp > 1 (and (dp, pp, tp) with tp = 2, the
+// tensor-parallel stage), DDP or FSDP over dp, both schedules, run as
+// dtrain train --pp runs it (src/train/trainer.cpp: the engine's step-wide
+// calls around Pipeline::step, no_sync before DDP's last backward, the tied
+// wte's gradients summed), against describe_gpt_stage planned at world size
+// dp. Its units are the ones FSDP builds from the stage.
+TEST(Measured, PipelinePeakMatchesThePlan) {
+  if (world().size() < 2) GTEST_SKIP() << "a pipeline needs two ranks";
+  dtrain::memory::install_tracking_allocator();
+  dtrain::models::GPTConfig config = measured_gpt();
+  config.n_layer = 4;  // up to 4 stages
+  constexpr int kMicrobatches = 4;
+  constexpr int64_t kPart = 2 * kMicrobatches;  // windows per dp rank
+  namespace pp = dtrain::pp;
+  for (int stages = 2; stages <= world().size(); ++stages) {
+   for (const int tp : {1, 2}) {
+    if (world().size() % (stages * tp) != 0) continue;
+    std::vector<std::pair<std::string, int>> dimensions{{"dp", -1}, {"pp", stages}};
+    if (tp > 1) dimensions.emplace_back("tp", tp);
+    const dtrain::DeviceMesh mesh(world_ptr(), dimensions);
+    const int stage = mesh.rank("pp");
+    const auto blocks = pp::divide_blocks(config.n_layer, stages)[static_cast<size_t>(stage)];
+    const auto spec = plan::describe_gpt_stage(config, kPart, kMicrobatches, torch::kFloat32, stage, stages, tp);
+    for (const auto schedule : {pp::Schedule::GPipe, pp::Schedule::OneFOneB}) {
+      for (const std::string strategy : {"ddp", "zero1", "fsdp"}) {
+        world().barrier()->wait();
+        const int64_t before = dtrain::memory::live_bytes();
+        int64_t measured = 0;
+        {
+          torch::manual_seed(0);
+          plan::PlanOptions resolved;
+          plan::set_strategy(resolved, strategy);
+          std::shared_ptr<torch::nn::Module> module;
+          {
+            std::optional<dtrain::DeferredConstruction> deferred;
+            if (strategy != "ddp") deferred.emplace();
+            if (tp == 1)
+              module = dtrain::models::GPTStage(config, stage, stages, blocks.first, blocks.last).ptr();
+            else
+              module = dtrain::models::TPGPTStage(config, mesh.comm("tp"), stage, stages, blocks.first, blocks.last).ptr();
+          }
+          std::unique_ptr<dtrain::DistributedDataParallelBase> ddp;
+          std::unique_ptr<dtrain::FullyShardedBase> fsdp;
+          torch::Tensor tied;
+          std::vector<torch::Tensor> parameters;
+          if (strategy == "ddp") {
+            ddp = std::make_unique<dtrain::DistributedDataParallelBase>(module, mesh.comm("dp"), dtrain::DDPOptions{});
+            parameters = ddp->parameters();
+            for (const auto& item : module->named_parameters())
+              if (item.key() == "wte.weight") tied = item.value();
+          } else {
+            fsdp = std::make_unique<dtrain::FullyShardedBase>(module, mesh.comm("dp"), resolved.fsdp);
+            parameters = fsdp->parameters();
+            for (const auto& shard : fsdp->parameter_shards())
+              if (shard.name == "wte.weight") tied = shard.parameter;
+            if (world().rank() == 0) {
+              const auto units = fsdp->units();
+              ASSERT_EQ(units.size(), spec.units.size());
+              for (size_t u = 0; u < units.size(); ++u) {
+                EXPECT_EQ(units[u].name, spec.units[u].name);
+                EXPECT_EQ(units[u].numel, spec.units[u].numel()) << "stage unit '" << units[u].name << "'";
+              }
+            }
+          }
+          const auto stage_forward = [&](const torch::Tensor& x) {
+            if (tp == 1) return static_cast<dtrain::models::GPTStageImpl&>(*module).forward(x);
+            return static_cast<dtrain::models::TPGPTStageImpl&>(*module).forward(x);
+          };
+          torch::optim::AdamW optimizer(parameters, torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
+          pp::Pipeline pipeline(mesh.comm("pp"), schedule, kMicrobatches);
+          torch::manual_seed(1 + mesh.rank("dp"));
+          auto tokens = torch::randint(0, config.vocab_size, {kPart, config.seq_len}, torch::kLong);
+          auto targets = torch::randint(0, config.vocab_size, {kPart, config.seq_len}, torch::kLong);
+          const auto loss = [&](const torch::Tensor& logits, const torch::Tensor& t) {
+            if (tp == 1) return torch::nn::functional::cross_entropy(logits.flatten(0, -2), t.flatten());
+            return static_cast<dtrain::models::TPGPTStageImpl&>(*module).loss(logits, t).mean();
+          };
+          const auto forward = [&](const torch::Tensor& x) {
+            if (ddp) {
+              ddp->before_forward();
+              return stage_forward(x);
+            }
+            return fsdp->forward_root([&] { return stage_forward(fsdp->compute_input(x)); });
+          };
+          for (int step = 0; step < 3; ++step) {
+            dtrain::memory::reset_peak();
+            {
+              optimizer.zero_grad();
+              if (fsdp) fsdp->gather_for_step();
+              pipeline.step(forward, loss, tokens, targets, {kPart / kMicrobatches, config.seq_len, config.n_embd},
+                            torch::kFloat32, [&](bool sync, const std::function<void()>& backward) {
+                              if (sync || !ddp) return backward();
+                              auto guard = ddp->no_sync();
+                              backward();
+                            });
+              if (fsdp) fsdp->reduce_step_gradients();
+              pp::sum_tied_gradients(tied, pipeline);
+              optimizer.step();
+            }
+            if (step > 0) measured = std::max(measured, dtrain::memory::peak_bytes() - before);
+          }
+        }
+        plan::PlanOptions options;
+        plan::set_strategy(options, strategy);
+        options.world_size = mesh.size("dp");
+        options.rank = mesh.rank("dp");
+        options.schedule = schedule;
+        const auto planned = plan::make_plan(spec, options);
+        const double ratio = static_cast<double>(measured) / static_cast<double>(planned.peak.total());
+        const std::string where = strategy + " " + pp::schedule_name(schedule) + " on " + mesh.describe() +
+                                  ", stage " + std::to_string(stage);
+        std::printf("  rank %d, %s: measured %lld bytes, planned %lld (%.4f) at %s\n", world().rank(), where.c_str(),
+                    static_cast<long long>(measured), static_cast<long long>(planned.peak.total()), ratio,
+                    planned.peak_moment.c_str());
+        EXPECT_NEAR(ratio, 1.0, 0.05) << where << ": measured " << measured << " bytes, planned "
+                                      << planned.peak.total() << " at " << planned.peak_moment;
+      }
+    }
+   }
   }
 }
 

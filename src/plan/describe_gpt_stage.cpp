@@ -1,0 +1,88 @@
+// One pipeline stage of the GPT as a list of units (include/dtrain/plan.h,
+// describe_gpt_stage), cut from the whole model's description at one
+// microbatch's size: the stage's blocks as describe_gpt (or describe_tp_gpt)
+// describes them, the embeddings' part of the root on the first stage, ln_f,
+// the head and the loss on the last (src/models/gpt_stage.cpp,
+// src/tp/tp_gpt_stage.cpp). tests/plan checks the replay of a pipeline step
+// against the tracking allocator.
+#include "dtrain/plan.h"
+
+#include <c10/core/ScalarType.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace dtrain::plan {
+
+ModelSpec describe_gpt_stage(const models::GPTConfig& config, int64_t batch_per_rank, int microbatches,
+                             torch::ScalarType compute_dtype, int stage, int stages, int tp) {
+  if (stages < 2 || stage < 0 || stage >= stages)
+    throw std::invalid_argument("plan: stage " + std::to_string(stage) + " of " + std::to_string(stages) +
+                                " (a pipeline has at least 2 stages)");
+  if (microbatches < 1 || batch_per_rank % microbatches != 0)
+    throw std::invalid_argument("plan: a batch part of " + std::to_string(batch_per_rank) +
+                                " windows does not split into " + std::to_string(microbatches) + " microbatches");
+  const auto blocks = pp::divide_blocks(config.n_layer, stages)[static_cast<size_t>(stage)];
+  const int64_t micro = batch_per_rank / microbatches;
+  // The whole model at one microbatch: its blocks are the stage's, and its
+  // root's parts go to the end stages.
+  const ModelSpec whole = describe_tp_gpt(config, micro, compute_dtype, tp);
+  const UnitSpec& whole_root = whole.units[0];
+  const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
+  const int64_t wte_numel = config.vocab_size / tp * config.n_embd;
+  const bool first = stage == 0, last = stage == stages - 1;
+
+  ModelSpec model;
+  model.description = whole.description + ", pipeline stage " + std::to_string(stage) + " of " +
+                      std::to_string(stages) + " (blocks " + std::to_string(blocks.first) + "-" +
+                      std::to_string(blocks.last - 1) + "), " + std::to_string(microbatches) + " microbatches of " +
+                      std::to_string(micro);
+  model.batch_per_rank = batch_per_rank;
+  model.tensor_parallel = tp;
+  model.input_bytes = whole.input_bytes * microbatches;  // every stage loads the part's tokens and targets
+  model.pipeline = {stage, stages, microbatches, micro * config.seq_len * config.n_embd * 4};  // sent in fp32
+
+  UnitSpec root;  // the stage module: wpe on the first stage, ln_f on the last
+  for (const auto& p : whole_root.parameters) {
+    const bool embedding = p.name == "wpe.weight";
+    const bool final_norm = p.name.rfind("ln_f.", 0) == 0;
+    if ((first && embedding) || (last && final_norm)) root.parameters.push_back(p);
+  }
+  if (first) {
+    // The embeddings' sum (and the positions, and tp's local indices), and
+    // at the end of its backward the embeddings' gradients without the
+    // head's contribution (which is the last stage's).
+    root.activation_bytes = whole_root.activation_bytes;
+    root.backward_end_workspace_bytes = whole_root.backward_end_workspace_bytes - wte_numel * e;
+  }
+  model.units.push_back(root);
+  if (first || last) {
+    UnitSpec wte;
+    wte.name = "wte";
+    wte.parameters.push_back({"wte.weight", wte_numel});
+    model.units.push_back(wte);
+  }
+  for (int64_t b = blocks.first; b < blocks.last; ++b) model.units.push_back(whole.units[static_cast<size_t>(1 + b)]);
+  if (last) {
+    model.root_tail_activation_bytes = whole.root_tail_activation_bytes;
+    model.root_tail_gradient_bytes = whole.root_tail_gradient_bytes;
+    model.output_bytes = whole.output_bytes;
+    model.loss_bytes = whole.loss_bytes;
+  }
+
+  if (tp > 1) {
+    // describe_tp_gpt's collectives, for this stage's share: per microbatch an
+    // all-reduce of [b, T, C] after each row-parallel layer and before each
+    // column-parallel one, the embedding's on the first stage and the head
+    // input's on the last; the loss's three on the last.
+    const int64_t activation = micro * config.seq_len * config.n_embd * e;
+    const int64_t calls = microbatches * (4 * (blocks.last - blocks.first) + (first ? 1 : 0) + (last ? 1 : 0));
+    model.collectives.push_back({"all_reduce", "activations, tensor parallel", tp, calls, calls * activation, 0});
+    if (last)
+      model.collectives.push_back({"all_reduce", "loss, tensor parallel", tp, 3 * microbatches,
+                                   3 * microbatches * micro * config.seq_len * 4, 0});
+  }
+  return model;
+}
+
+}  // namespace dtrain::plan

@@ -1,0 +1,300 @@
+// One training step of a pipeline stage replayed as dtrain train --pp runs
+// it, counting bytes.
+//
+// Note [pipeline memory plan]
+// The stage's microbatches run in the schedule's order (src/pp/pipeline.cpp,
+// Pipeline::step), between the data-parallel engine's step-wide calls
+// (src/train/trainer.cpp, pipeline_forward_and_backward):
+// - FSDP (Note [pipeline steps] in src/fsdp/fsdp_state.cpp): every unit is
+//   gathered before the first microbatch and stays gathered; gradients
+//   accumulate at full size; after the last microbatch each unit in order
+//   copies its gradients into a zeroed full-size buffer in the reduce dtype
+//   and reduce-scatters it (the bound on outstanding reductions as in one
+//   backward), then every unit frees its full parameters and takes its shard
+//   gradient.
+// - DDP: the microbatches before the last run under no_sync, so their
+//   gradients accumulate as separate full-size tensors; in the last one each
+//   gradient is copied into its bucket when its bucket completes and the
+//   separate tensor is freed (src/ddp/reducer.cpp, mark_ready).
+// - A microbatch's forward: a stage after the first allocates the activation
+//   it receives; the blocks save theirs (describe_gpt's, at the
+//   microbatch's size); the last stage computes the logits, keeps the
+//   log-probabilities for the loss's backward and drops the logits.
+// - Its backward: a stage before the last allocates the gradient it
+//   receives; the last stage's loss gradients live together for a moment;
+//   each unit's workspace, then its activations go; the first backward of
+//   the step creates the stage's gradients at full size (after zero_grad's
+//   set_to_none), the later ones add into them (each new weight gradient
+//   exists for a moment first: planned at the block's workspace peak, as
+//   its largest parameter's). A stage after the first
+//   sends its input's gradient back and holds it until the send completes:
+//   planned as until the end of its next backward, when the pipeline drops
+//   completed sends (the stage before receives it in its own backward of
+//   the same microbatch).
+// - The last stage's forward output is what it sends on, so it costs
+//   nothing beyond the block's saved output.
+#include "plan/plan_internal.h"
+#include "plan/replay.h"
+#include "fsdp/schedule_rules.h"
+
+#include <algorithm>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dtrain::plan::detail {
+namespace {
+
+constexpr Field kActivations = &MemoryBreakdown::activations;
+constexpr Field kGradients = &MemoryBreakdown::gradients;
+
+// The order in which a stage runs its microbatches' forwards (F) and
+// backwards (B), as Pipeline::step issues them.
+std::vector<std::pair<char, int>> schedule_events(pp::Schedule schedule, int stage, int stages, int microbatches) {
+  std::vector<std::pair<char, int>> events;
+  if (schedule == pp::Schedule::GPipe) {
+    for (int m = 0; m < microbatches; ++m) events.emplace_back('F', m);
+    for (int m = 0; m < microbatches; ++m) events.emplace_back('B', m);
+    return events;
+  }
+  const int warmup = std::min(stages - stage - 1, microbatches);
+  for (int m = 0; m < warmup; ++m) events.emplace_back('F', m);
+  for (int m = warmup; m < microbatches; ++m) {
+    events.emplace_back('F', m);
+    events.emplace_back('B', m - warmup);
+  }
+  for (int m = microbatches - warmup; m < microbatches; ++m) events.emplace_back('B', m);
+  return events;
+}
+
+class PipelineReplay {
+ public:
+  PipelineReplay(const ModelSpec& model, const Layout& layout, const FSDPOptions& options, pp::Schedule schedule,
+                 Plan& plan)
+      : model_(model), stage_(model.pipeline), layout_(layout), options_(options), schedule_(schedule), plan_(plan) {
+    for (const auto& unit : model_.units) flats_.push_back(flat_layout(unit, layout_));
+  }
+
+  void run() {
+    int64_t largest_piece = 0;
+    for (size_t u = 0; u < model_.units.size(); ++u) {
+      const int64_t numel = flats_[u].numel;
+      if (layout_.ddp) {
+        t_.add(&MemoryBreakdown::parameters, numel * 4);
+        t_.add(&MemoryBreakdown::reduction_buffers, numel * 4);  // buckets
+        t_.add(&MemoryBreakdown::optimizer_state, numel * 4 * layout_.optimizer_states);
+        for (const auto& p : model_.units[u].parameters) largest_piece = std::max(largest_piece, p.numel);
+        continue;
+      }
+      t_.add(&MemoryBreakdown::parameters, flats_[u].shard * layout_.master_bytes);
+      for (int64_t count : flats_[u].local_counts) {
+        t_.add(&MemoryBreakdown::optimizer_state, count * 4 * layout_.optimizer_states);
+        largest_piece = std::max(largest_piece, count);
+      }
+      if (gathers(u) && !fsdp_rules::free_after_backward(layout_.strategy))
+        t_.add(&MemoryBreakdown::gathered_parameters, full_bytes(u));  // OptimizerOnly keeps them across steps
+    }
+    t_.add(&MemoryBreakdown::parameters, model_.buffer_bytes);
+    plan_.between_steps = t_.now();
+    t_.add(kActivations, model_.input_bytes);
+    t_.mark("before the pipeline");
+    if (!layout_.ddp) gather_for_step();
+
+    int in_flight = 0;
+    for (const auto& [kind, m] : schedule_events(schedule_, stage_.stage, stage_.stages, stage_.microbatches)) {
+      if (kind == 'F') {
+        forward(m);
+        plan_.forward_activation_bytes = std::max(plan_.forward_activation_bytes, t_.now().activations);
+        plan_.microbatches_in_flight = std::max(plan_.microbatches_in_flight, ++in_flight);
+      } else {
+        backward(m);
+        --in_flight;
+      }
+    }
+    t_.remove(kActivations, held_send_);  // the pipeline waits for its last sends
+    held_send_ = 0;
+    if (layout_.ddp) {
+      t_.remove(kGradients, bucket_fill_.finish());
+    } else {
+      reduce_step_gradients();
+    }
+    t_.mark_with(kActivations, optimizer_temporary_bytes(layout_, largest_piece), "optimizer step");
+    plan_.peak = t_.peak();
+    plan_.peak_moment = t_.peak_moment();
+    // The full units are gathered for the whole step.
+    if (!layout_.ddp) {
+      for (size_t u = 0; u < flats_.size(); ++u) {
+        if (!gathers(u)) continue;
+        ++plan_.max_units_gathered;
+        plan_.largest_unit_gathered_bytes = std::max(plan_.largest_unit_gathered_bytes, full_bytes(u));
+      }
+    }
+  }
+
+ private:
+  // FSDP: a unit with parameters whose full buffer is not its shard.
+  bool gathers(size_t u) const {
+    return !model_.units[u].parameters.empty() &&
+           !(layout_.group_size == 1 && layout_.compute_bytes == layout_.master_bytes);
+  }
+  int64_t full_bytes(size_t u) const { return flats_[u].padded * layout_.compute_bytes; }
+  int64_t gradient_element_bytes() const { return layout_.ddp ? 4 : layout_.compute_bytes; }
+  int64_t gradient_bytes(size_t u) const { return flats_[u].numel * gradient_element_bytes(); }
+  std::string of(int m) const { return " of microbatch " + std::to_string(m); }
+
+  // FSDPState::gather_for_step: every gather issued (with its source cast to
+  // the compute dtype), then every one waited for.
+  void gather_for_step() {
+    int64_t sources = 0;
+    for (size_t u = 0; u < flats_.size(); ++u) {
+      if (!gathers(u)) continue;
+      if (fsdp_rules::free_after_backward(layout_.strategy)) t_.add(&MemoryBreakdown::gathered_parameters, full_bytes(u));
+      if (layout_.compute_bytes != layout_.master_bytes) sources += flats_[u].shard * layout_.compute_bytes;
+    }
+    t_.mark_with(&MemoryBreakdown::gathered_parameters, sources, "every unit gathered for the step");
+  }
+
+  void forward(int m) {
+    if (!stage_.first()) t_.add(kActivations, stage_.message_bytes);  // the activation received
+    for (size_t u = 0; u < model_.units.size(); ++u) {
+      t_.add(kActivations, model_.units[u].activation_bytes);
+      if (model_.units[u].activation_bytes > 0) t_.mark("forward" + of(m) + ": " + display(model_.units[u]));
+    }
+    if (stage_.last()) {
+      // ln_f's output, the log-probabilities kept for the loss's backward,
+      // and for a moment the logits they came from.
+      t_.add(kActivations, model_.root_tail_activation_bytes + model_.loss_bytes);
+      t_.mark_with(kActivations, model_.output_bytes, "forward" + of(m) + ": the logits and the loss");
+    }
+  }
+
+  // The unit's gradients: created by the step's first backward, added into
+  // by the later ones; in DDP's last backward each goes into its bucket
+  // when the bucket completes.
+  void gradients_of(size_t u, int64_t bytes, bool first_backward, bool last_backward) {
+    if (first_backward) t_.add(kGradients, bytes);
+    if (!layout_.ddp || !last_backward) return;
+    int64_t freed = 0;
+    if (bytes == gradient_bytes(u)) {
+      const auto& parameters = model_.units[u].parameters;
+      for (auto p = parameters.rbegin(); p != parameters.rend(); ++p) freed += bucket_fill_.arrive(p->numel * 4);
+    } else {
+      freed += bucket_fill_.arrive(bytes);
+    }
+    t_.remove(kGradients, freed);
+  }
+
+  void backward(int m) {
+    const bool first_backward = m == 0, last_backward = m == stage_.microbatches - 1;
+    if (!stage_.last()) t_.add(kActivations, stage_.message_bytes);  // the gradient received
+    if (stage_.last()) {
+      // The loss's backward: the gradients of the log-probabilities and of
+      // the logits together.
+      t_.mark_with(kActivations, 2 * model_.output_bytes, "backward" + of(m) + ": the loss's gradients");
+      t_.remove(kActivations, model_.root_tail_activation_bytes + model_.loss_bytes);
+      // The head's and ln_f's gradients (wte's unit and the root's).
+      if (first_backward) {
+        for (size_t u = 0; u < 2; ++u) gradients_of(u, gradient_bytes(u), true, last_backward);
+      } else {
+        t_.mark_with(kGradients, model_.root_tail_gradient_bytes, "backward" + of(m) + ": the head's gradients");
+        if (last_backward)
+          for (size_t u = 0; u < 2; ++u) gradients_of(u, gradient_bytes(u), false, true);
+      }
+    }
+    for (size_t u = model_.units.size() - 1; u >= 1; --u) {
+      const auto& unit = model_.units[u];
+      if (unit.name == "wte") continue;  // its backward is the embedding's (first stage) or the head's (above)
+      // After the first backward a weight's new gradient exists for a moment
+      // before it is added into .grad.
+      int64_t accumulating = 0;
+      if (!first_backward)
+        for (const auto& p : unit.parameters) accumulating = std::max(accumulating, p.numel * gradient_element_bytes());
+      t_.add(kGradients, accumulating);
+      t_.mark_with(kActivations, unit.backward_workspace_bytes, "backward" + of(m) + ": " + display(unit));
+      t_.remove(kGradients, accumulating);
+      t_.remove(kActivations, unit.activation_bytes);
+      gradients_of(u, gradient_bytes(u), first_backward, last_backward);
+    }
+    if (stage_.first()) {
+      // The embeddings' backward: wte's and wpe's gradients (new ones after
+      // the first microbatch, added into the others).
+      const auto& root = model_.units[0];
+      t_.mark_with(kActivations, root.backward_end_workspace_bytes, "backward" + of(m) + ": the embeddings");
+      t_.remove(kActivations, root.activation_bytes);
+      for (size_t u = 0; u < 2; ++u) gradients_of(u, gradient_bytes(u), first_backward, last_backward);
+    } else {
+      // The input's gradient, sent back; the activation received is freed.
+      t_.mark_with(kActivations, stage_.message_bytes, "backward" + of(m) + ": the input's gradient");
+      t_.remove(kActivations, stage_.message_bytes);
+    }
+    if (!stage_.last()) t_.remove(kActivations, stage_.message_bytes);  // the gradient received
+    // The pipeline drops the previous backward's send (completed by now).
+    t_.remove(kActivations, held_send_);
+    held_send_ = stage_.first() ? 0 : stage_.message_bytes;
+    t_.add(kActivations, held_send_);
+  }
+
+  // FSDPState::reduce_step_gradients.
+  void reduce_step_gradients() {
+    std::deque<size_t> reducing;
+    std::vector<size_t> reduced;
+    const auto finish_reduction = [&] {
+      t_.remove(&MemoryBreakdown::reduction_buffers, flats_[reducing.front()].padded * layout_.reduce_bytes);
+      reducing.pop_front();
+    };
+    for (size_t u = 0; u < model_.units.size(); ++u) {
+      if (model_.units[u].parameters.empty()) continue;
+      const auto& flat = flats_[u];
+      while (fsdp_rules::must_wait_for_reduction(layout_.strategy, reducing.size(), options_.max_inflight_reductions))
+        finish_reduction();
+      t_.add(&MemoryBreakdown::reduction_buffers, flat.padded * layout_.reduce_bytes);
+      t_.mark("end of the step: " + display(model_.units[u]) + " reduces its gradients");
+      t_.remove(kGradients, gradient_bytes(u));
+      if (!fsdp_rules::reduces_in_place(layout_.strategy)) {
+        reducing.push_back(u);
+        t_.add(kGradients, flat.shard * layout_.reduce_bytes);
+      }
+      reduced.push_back(u);
+    }
+    for (size_t u = 0; u < flats_.size(); ++u)
+      if (gathers(u) && fsdp_rules::free_after_backward(layout_.strategy))
+        t_.remove(&MemoryBreakdown::gathered_parameters, full_bytes(u));
+    // Unit::finish_gradients, in reduction order.
+    for (size_t u : reduced) {
+      const auto& flat = flats_[u];
+      const bool cast = layout_.reduce_bytes != layout_.master_bytes;
+      if (fsdp_rules::reduces_in_place(layout_.strategy)) {
+        t_.remove(&MemoryBreakdown::reduction_buffers, flat.padded * layout_.reduce_bytes);
+        t_.add(kGradients, cast ? flat.shard * layout_.master_bytes : flat.padded * layout_.reduce_bytes);
+        continue;
+      }
+      if (!reducing.empty() && reducing.front() == u) finish_reduction();
+      if (cast) {
+        t_.add(kGradients, flat.shard * layout_.master_bytes);
+        t_.mark("end of the step: gradients cast to the master dtype");
+        t_.remove(kGradients, flat.shard * layout_.reduce_bytes);
+      }
+    }
+  }
+
+  const ModelSpec& model_;
+  const ModelSpec::PipelineStage& stage_;
+  const Layout& layout_;
+  const FSDPOptions& options_;
+  const pp::Schedule schedule_;
+  Plan& plan_;
+  std::vector<FlatLayout> flats_;
+  Timeline t_;
+  DDPBucketFill bucket_fill_;
+  int64_t held_send_ = 0;  // the input's gradient sent by the previous backward
+};
+
+}  // namespace
+
+void simulate_pipeline_step(const ModelSpec& model, const Layout& layout, const FSDPOptions& fsdp,
+                            pp::Schedule schedule, Plan& plan) {
+  PipelineReplay(model, layout, fsdp, schedule, plan).run();
+}
+
+}  // namespace dtrain::plan::detail
