@@ -8,7 +8,9 @@ Runs the same `dtrain train` job with --pp P --nproc N for each strategy of
 peak_memory_bytes_per_rank). Next to each rank: `dtrain plan` for the same
 flags and --rank r (its overall peak: the larger of the start's and a
 step's), the moment of its step peak, and the microbatches it says the stage
-holds at once.
+holds at once. The median step time (after the first two steps) is printed
+too; with --pp-gather microbatch among TRAIN_ARGS it shows what gathering
+every unit per microbatch costs against once per step (the default).
 
     bench/pp_memory.py [--pp P] [--nproc N] [--microbatches M] [--strategies ddp,fsdp]
                        [--schedules 1f1b,gpipe] [--json OUT] DTRAIN -- TRAIN_ARGS...
@@ -17,6 +19,7 @@ holds at once.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,7 +29,7 @@ from train_run import run_train
 
 # The flags of `dtrain train` that `dtrain plan` takes too (each with a value).
 PLAN_FLAGS = {"--model", "--gpt-layers", "--gpt-dim", "--gpt-heads", "--seq-len", "--batch-size", "--optimizer",
-              "--momentum"}
+              "--momentum", "--pp-gather"}
 
 
 def plan(dtrain, train_args, strategy, nproc, pp, microbatches, schedule, rank):
@@ -63,7 +66,7 @@ def main():
                 command = [args.dtrain, "train"] + train_args + [
                     "--strategy", strategy, "--pp", str(args.pp), "--nproc", str(args.nproc), "--microbatches",
                     str(args.microbatches), "--schedule", schedule, "--log-every", "1", "--metrics", metrics]
-                _, _, final = run_train(command, metrics)
+                steps, _, final = run_train(command, metrics)
                 measured = final["peak_memory_bytes_per_rank"]
                 ranks = []
                 for rank, bytes_ in enumerate(measured):
@@ -75,10 +78,14 @@ def main():
                                   "planned_moment": planned["peak_moment"],
                                   "planned_microbatches_in_flight": planned["microbatches_in_flight"]})
                 runs.append({"strategy": strategy, "schedule": schedule, "pp": args.pp, "nproc": args.nproc,
-                             "microbatches": args.microbatches, "mesh": final["mesh"], "ranks": ranks})
+                             "microbatches": args.microbatches, "mesh": final["mesh"],
+                             "gather": final["pipeline"].get("gather", "step"),
+                             "step_time_s": statistics.median(steps) if steps else None, "ranks": ranks})
     print("%-6s %-6s %4s %5s %12s %12s %7s  %s" % ("strategy", "sched", "rank", "stage", "measured", "planned",
                                                    "ratio", "plan's moment"))
     for run in runs:
+        print("%s %s, --pp-gather %s: median step %s s" % (run["strategy"], run["schedule"], run["gather"],
+                                                           "%.3f" % run["step_time_s"] if run["step_time_s"] else "-"))
         for r in run["ranks"]:
             print("%-8s %-6s %4d %5d %9.1f MiB %9.1f MiB %7.3f  %s" % (
                 run["strategy"], run["schedule"], r["rank"], r["stage"], r["measured_peak_bytes"] / 2**20,

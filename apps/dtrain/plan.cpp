@@ -64,8 +64,13 @@ void check_pipeline_flags(const PlanFlags& f) {
   if (f.pp == 1) {
     if (f.microbatches > 1)
       throw std::invalid_argument("--microbatches splits a pipeline's batch between its stages: it needs --pp N with N > 1");
+    if (f.pp_gather != "step")
+      throw std::invalid_argument("--pp-gather says how a pipeline stage gathers its units: it needs --pp N with N > 1");
     return;
   }
+  if (f.pp_gather != "step" && f.strategy == "ddp")
+    throw std::invalid_argument("--pp-gather " + f.pp_gather + " says when a sharded strategy gathers a stage's units: "
+                                "it needs --strategy zero1, zero2, fsdp or hsdp, not ddp");
   const std::string pp = "--pp " + std::to_string(f.pp);
   if (f.model != "gpt") throw std::invalid_argument(pp + " divides the GPT's blocks into stages: it needs --model gpt");
   if (f.sequence_parallel)
@@ -119,6 +124,7 @@ Resolved resolve(const PlanFlags& f) {
                                 " (ranks are 0.." + std::to_string(f.nproc - 1) + ")");
   r.options.rank = dp_coordinate(f, f.rank);
   r.options.schedule = pp::schedule_from(f.schedule);
+  r.options.gather_per_microbatch = f.pp_gather == "microbatch";
   if (strategy_info(f.strategy).sharding == Sharding::Hybrid) {
     if (f.hybrid_group_size == 0)
       throw std::invalid_argument("--strategy hsdp needs --hybrid-group-size G: ranks per sharding group, "
@@ -208,6 +214,10 @@ void print_pipeline(const Resolved& r, const plan::Plan& p) {
               static_cast<long long>(r.model.batch_per_rank / stage.microbatches),
               pp::schedule_name(r.options.schedule).c_str(), p.microbatches_in_flight,
               human(stage.message_bytes).c_str());
+  if (p.strategy != "ddp")
+    std::printf("Units gathered %s (--pp-gather %s).\n",
+                r.options.gather_per_microbatch ? "for each microbatch's forward and backward" : "once for the step",
+                r.options.gather_per_microbatch ? "microbatch" : "step");
   std::printf("Every stage (at this rank's dp%s coordinate):\n", r.tp > 1 ? " and tp" : "");
   std::printf("  %-6s %-14s %12s %12s %10s %14s\n", "stage", "", "step peak", "start peak", "in flight", "pp sends/step");
   const auto plans = stage_plans(r);
@@ -308,6 +318,7 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
     const auto& stage = r.model.pipeline;
     pipeline = {{"stage", stage.stage}, {"stages", stage.stages}, {"microbatches", stage.microbatches},
                 {"schedule", pp::schedule_name(r.options.schedule)},
+                {"gather", r.options.gather_per_microbatch ? "microbatch" : "step"},
                 {"microbatches_in_flight", p.microbatches_in_flight}, {"message_bytes", stage.message_bytes},
                 {"per_stage", stages}};
   }
@@ -400,6 +411,8 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
       ->check(at_least(1))->capture_default_str();
   cmd->add_option("--schedule", f.schedule, "With --pp: 1f1b | gpipe")
       ->check(CLI::IsMember({"1f1b", "gpipe"}))->capture_default_str();
+  cmd->add_option("--pp-gather", f.pp_gather, "With --pp and a sharded strategy: step | microbatch (as dtrain train)")
+      ->check(CLI::IsMember({"step", "microbatch"}))->capture_default_str();
   cmd->add_flag("--json", f.json, "Print the plan as JSON");
   return cmd;
 }

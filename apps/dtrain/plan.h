@@ -41,6 +41,7 @@ struct PlanFlags {
   int pp = 1;                     // dtrain train --pp: the (dp, pp, tp) mesh, dp = nproc / (pp x tp)
   int microbatches = 1;
   std::string schedule = "1f1b";  // 1f1b | gpipe
+  std::string pp_gather = "step";  // step | microbatch (sharded strategies)
   bool json = false;
 };
 

@@ -142,6 +142,11 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
                        "With --pp: 1f1b (one forward, one backward: at most pp microbatches' activations alive) or "
                        "gpipe (all forwards, then all backwards: all M alive)")
       ->check(CLI::IsMember({"1f1b", "gpipe"}))->capture_default_str();
+  parallel->add_option("--pp-gather", c.pp_gather,
+                       "With --pp and zero1, zero2, fsdp or hsdp: step (gather each unit of the stage once per step "
+                       "and hold it: fewest gathers) or microbatch (gather a unit for each microbatch's forward and "
+                       "backward: about one unit's full parameters at a time, up to 2 x M gathers per unit)")
+      ->check(CLI::IsMember({"step", "microbatch"}))->capture_default_str();
   parallel->add_option("--backend", f.backend, "How the started ranks find each other: mpi | c10d")
       ->check(CLI::IsMember({"mpi", "c10d"}))->capture_default_str();
   parallel->add_option("--compress", c.compress, "DDP gradient compression: none | bf16 | powersgd | topk")

@@ -183,10 +183,14 @@ class FullyShardedBase {
   // reduce_step_gradients(), calls run the module on the full parameters and
   // the gradients accumulate at full size; reduce_step_gradients() reduces
   // them once, as one backward would, and reshards (collective). The
-  // trade-off against FSDP per microbatch: the stage's parameters and
-  // gradients at full size during the step, for one gather and one
-  // reduction per step instead of one per microbatch.
-  void gather_for_step();
+  // stage's parameters are then at full size for the whole step, for one
+  // gather per unit per step. With per_microbatch, only the root is
+  // gathered up front; every other unit is gathered for each microbatch's
+  // forward and backward that uses it and resharded after (as the strategy
+  // reshards after forward and backward): about one unit's full parameters
+  // at a time, for up to two gathers per unit per microbatch. Either way the
+  // gradients accumulate at full size and are reduced once per step.
+  void gather_for_step(bool per_microbatch = false);
   void reduce_step_gradients();
 
   const FSDPOptions& options() const;

@@ -183,6 +183,10 @@ struct PlanOptions {
   // A pipeline stage's schedule (ModelSpec::pipeline): GPipe keeps every
   // microbatch's activations until its backward, 1F1B at most stages - stage.
   pp::Schedule schedule = pp::Schedule::OneFOneB;
+  // A pipeline stage under a sharded strategy: its units gathered for every
+  // microbatch's forward and backward instead of once per step
+  // (dtrain train --pp-gather microbatch; FullyShardedBase::gather_for_step).
+  bool gather_per_microbatch = false;
 };
 
 // Bytes by what they hold.

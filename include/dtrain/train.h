@@ -61,6 +61,10 @@ struct TrainConfig {
   int pp = 1;
   int microbatches = 1;
   std::string schedule = "1f1b";
+  // With pp and a sharded strategy: "step" gathers each stage's units once
+  // per step, "microbatch" for every microbatch's forward and backward
+  // (FullyShardedBase::gather_for_step).
+  std::string pp_gather = "step";
   std::string compress = "none";  // none | bf16 | powersgd | topk
   std::string mixed_precision = "none";
   // zero1 / zero2 / fsdp / hsdp: prefetch the next unit's all-gather "on",

@@ -319,24 +319,58 @@ void consume(Unit& unit, int& inflight) {
 // backward does. Memory: the stage's parameters and gradients at full size
 // for the step; traffic: one gather and one reduction per unit per step,
 // however many microbatches.
-void FSDPState::gather_for_step() {
+//
+// Per microbatch (gather_for_step(true)): the root is gathered for the step
+// as above, but every other unit is gathered when a microbatch's forward
+// calls it and resharded after it as reshard_after_forward says, gathered
+// again when that microbatch's gradient reaches its output (a hook on it),
+// and resharded once its parameters' gradients of that backward have all
+// arrived. Memory: the gathered parameters of about one unit at a time
+// instead of the stage's; traffic: up to two gathers per unit per
+// microbatch (Full) instead of one per step. Gradients still accumulate at
+// full size and are reduced once, at the end.
+void FSDPState::gather_for_step(bool per_microbatch) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (gathered_for_step_) throw std::logic_error("FSDP: gather_for_step() twice without reduce_step_gradients()");
-  for (auto& unit : units_) {
-    unit->reshard(free_after_backward());  // parameters changed since the last gather
-    unit->reset_to_idle();
-    unit->stash_shard_gradients();
-    unit->start_unshard();  // all issued before any is waited for
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = *units_[u];
+    unit.reshard(free_after_backward());  // parameters changed since the last gather
+    unit.reset_to_idle();
+    unit.stash_shard_gradients();
+    if (u == 0 || !per_microbatch) unit.start_unshard();  // all issued before any is waited for
   }
-  for (auto& unit : units_) unit->finish_unshard();
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (u == 0 || !per_microbatch) units_[u]->finish_unshard();
   inflight_gathers_ = 0;
   gathered_for_step_ = true;
+  gather_per_microbatch_ = per_microbatch;
+  step_arrivals_.assign(units_.size(), 0);
+}
+
+torch::Tensor FSDPState::forward_unit_per_microbatch(Unit& unit,
+                                                     const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                                                     const torch::Tensor& input) {
+  unit.finish_unshard();
+  torch::Tensor output = forward(to_compute_dtype(input));
+  if (output.defined() && output.requires_grad()) {
+    Unit* target = &unit;
+    output.register_hook([this, target](const torch::Tensor&) { unshard_for_microbatch_backward(*target); });
+  }
+  if (reshard_after_forward(unit)) unit.reshard(/*free_full=*/true);
+  return output;
+}
+
+void FSDPState::unshard_for_microbatch_backward(Unit& unit) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  unit.finish_unshard();
+  step_arrivals_[static_cast<size_t>(unit.index())] = 0;
 }
 
 void FSDPState::reduce_step_gradients() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (!gathered_for_step_) throw std::logic_error("FSDP: reduce_step_gradients() without gather_for_step()");
   gathered_for_step_ = false;
+  gather_per_microbatch_ = false;
   for (auto& unit : units_) {
     if (unit->expected_gradients() == 0) continue;
     bound_inflight_reductions();
@@ -411,7 +445,10 @@ torch::Tensor FSDPState::forward_root(const std::function<torch::Tensor()>& forw
 torch::Tensor FSDPState::forward_unit(Unit& unit, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
                                       const torch::Tensor& input) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  if (gathered_for_step_) return forward(to_compute_dtype(input));  // Note [pipeline steps]
+  if (gathered_for_step_) {  // Note [pipeline steps]
+    if (gather_per_microbatch_) return forward_unit_per_microbatch(unit, forward, input);
+    return forward(to_compute_dtype(input));
+  }
   if (!in_root_forward_) {
     throw std::runtime_error("FSDP: unit " + unit.display_name() +
                              " was called outside the root's forward. Call the model through the object "
@@ -469,7 +506,14 @@ void FSDPState::pre_backward(Unit& unit) {
 
 void FSDPState::on_gradient_ready(Unit& unit, size_t parameter) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  if (gathered_for_step_) return;  // Note [pipeline steps]: reduced once at the step's end
+  if (gathered_for_step_) {  // Note [pipeline steps]: reduced once at the step's end
+    const auto u = static_cast<size_t>(unit.index());
+    if (gather_per_microbatch_ && u != 0 && ++step_arrivals_[u] == unit.expected_gradients()) {
+      step_arrivals_[u] = 0;
+      unit.reshard(free_after_backward());
+    }
+    return;
+  }
   if (!unit.on_gradient_ready(parameter)) return;
   // Ranks whose graphs differ keep the gradients until the end of backward.
   const bool reduce_now = sync_ && eager_reductions_;

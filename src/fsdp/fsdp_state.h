@@ -31,8 +31,10 @@ class FSDPState {
   Unit* unit_for(const torch::nn::Module* module);
 
   // Note [pipeline steps]: every unit gathered once for a step of
-  // interleaved microbatches, and their gradients reduced once at its end.
-  void gather_for_step();
+  // interleaved microbatches (or, per_microbatch, the root once and every
+  // other unit for each forward and backward that uses it), and their
+  // gradients reduced once at its end.
+  void gather_for_step(bool per_microbatch = false);
   void reduce_step_gradients();
 
   void set_sync(bool sync) { sync_ = sync; }
@@ -60,6 +62,10 @@ class FSDPState {
   void remove_gradient_hooks();
   void hook_outputs(Unit& unit, const torch::Tensor& output);
   void pre_backward(Unit& unit);
+  // Per-microbatch pipeline steps: a unit's call and its backward's start.
+  torch::Tensor forward_unit_per_microbatch(Unit& unit, const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                                            const torch::Tensor& input);
+  void unshard_for_microbatch_backward(Unit& unit);
   void on_gradient_ready(Unit& unit, size_t parameter);
   void finalize_backward();
   // The end of a synchronised backward: this step's bytes become last_step().
@@ -85,6 +91,8 @@ class FSDPState {
   std::recursive_mutex mutex_;  // hooks may run on autograd threads
   bool sync_ = true;
   bool gathered_for_step_ = false;  // between gather_for_step and reduce_step_gradients
+  bool gather_per_microbatch_ = false;
+  std::vector<int64_t> step_arrivals_;  // per unit: gradients arrived in its current backward (per microbatch)
   bool in_root_forward_ = false;
   bool finalize_queued_ = false;
   std::vector<Unit*> forward_order_;       // recorded in the first forward

@@ -79,7 +79,7 @@ std::vector<FSDPUnitInfo> FullyShardedBase::units() const {
 
 std::vector<torch::Tensor> FullyShardedBase::parameters() const { return state_->root()->parameters(); }
 
-void FullyShardedBase::gather_for_step() { state_->gather_for_step(); }
+void FullyShardedBase::gather_for_step(bool per_microbatch) { state_->gather_for_step(per_microbatch); }
 void FullyShardedBase::reduce_step_gradients() { state_->reduce_step_gradients(); }
 
 std::vector<FSDPParameterShard> FullyShardedBase::parameter_shards() const {

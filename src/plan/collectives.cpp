@@ -106,7 +106,15 @@ void count_collectives(const ModelSpec& model, const Layout& layout, const FSDPO
       const auto grad_format = fsdp_rules::effective_format(fsdp_rules::wire_format(compression.grads), G);
       const int64_t gathered = G * fsdp_rules::record_bytes(param_format, flat.shard, compression.block_size,
                                                            layout.compute_bytes);
-      if (gathers) {
+      if (gathers && model.pipeline.stages > 1 && layout.gather_per_microbatch && u != 0) {
+        // FSDPState::gather_for_step(true): gathered for each microbatch's
+        // forward, and again for its backward where the forward resharded.
+        const bool reshards = fsdp_rules::reshard_after_forward(layout.strategy, false);
+        for (int m = 0; m < model.pipeline.microbatches; ++m) {
+          add(plan, "all_gather", "parameters, microbatch forward", G, gathered);
+          if (reshards) add(plan, "all_gather", "parameters, microbatch backward", G, gathered);
+        }
+      } else if (gathers) {
         add(plan, "all_gather", model.pipeline.stages > 1 ? "parameters, step" : "parameters, forward", G, gathered);
         if (regather && u != 0) add(plan, "all_gather", "parameters, backward", G, gathered);
       }

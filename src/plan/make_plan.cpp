@@ -58,6 +58,7 @@ detail::Layout resolve(const PlanOptions& options) {
   layout.world_size = options.world_size;
   layout.rank = options.rank;
   layout.optimizer_states = options.optimizer == Optimizer::AdamW ? 2 : options.optimizer == Optimizer::SGDMomentum ? 1 : 0;
+  layout.gather_per_microbatch = options.gather_per_microbatch;
   if (layout.ddp) {
     layout.group_size = 1;
     layout.replicas = options.world_size;

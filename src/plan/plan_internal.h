@@ -22,6 +22,7 @@ struct Layout {
   int64_t compute_bytes = 4;  // mixed_precision.param_dtype
   int64_t reduce_bytes = 4;   // mixed_precision.reduce_dtype
   int optimizer_states = 2;   // fp32 tensors per parameter element
+  bool gather_per_microbatch = false;  // a pipeline stage's units gathered per microbatch (PlanOptions)
 };
 
 // A unit's flat buffer as FlatParameter lays it out for `layout`

@@ -6,7 +6,10 @@
 // Pipeline::step), between the data-parallel engine's step-wide calls
 // (src/train/trainer.cpp, pipeline_forward_and_backward):
 // - FSDP (Note [pipeline steps] in src/fsdp/fsdp_state.cpp): every unit is
-//   gathered before the first microbatch and stays gathered; gradients
+//   gathered before the first microbatch and stays gathered (per microbatch:
+//   the root so; every other unit gathered when a microbatch's forward or
+//   backward enters it, freed after its forward as reshard_after_forward
+//   says and after its backward as free_after_backward says); gradients
 //   accumulate at full size; after the last microbatch each unit in order
 //   copies its gradients into a zeroed full-size buffer in the reduce dtype
 //   and reduce-scatters it (the bound on outstanding reductions as in one
@@ -74,6 +77,7 @@ class PipelineReplay {
                  Plan& plan)
       : model_(model), stage_(model.pipeline), layout_(layout), options_(options), schedule_(schedule), plan_(plan) {
     for (const auto& unit : model_.units) flats_.push_back(flat_layout(unit, layout_));
+    full_.assign(flats_.size(), false);
   }
 
   void run() {
@@ -92,8 +96,7 @@ class PipelineReplay {
         t_.add(&MemoryBreakdown::optimizer_state, count * 4 * layout_.optimizer_states);
         largest_piece = std::max(largest_piece, count);
       }
-      if (gathers(u) && !fsdp_rules::free_after_backward(layout_.strategy))
-        t_.add(&MemoryBreakdown::gathered_parameters, full_bytes(u));  // OptimizerOnly keeps them across steps
+      if (!fsdp_rules::free_after_backward(layout_.strategy)) gather(u);  // OptimizerOnly keeps them across steps
     }
     t_.add(&MemoryBreakdown::parameters, model_.buffer_bytes);
     plan_.between_steps = t_.now();
@@ -122,14 +125,6 @@ class PipelineReplay {
     t_.mark_with(kActivations, optimizer_temporary_bytes(layout_, largest_piece), "optimizer step");
     plan_.peak = t_.peak();
     plan_.peak_moment = t_.peak_moment();
-    // The full units are gathered for the whole step.
-    if (!layout_.ddp) {
-      for (size_t u = 0; u < flats_.size(); ++u) {
-        if (!gathers(u)) continue;
-        ++plan_.max_units_gathered;
-        plan_.largest_unit_gathered_bytes = std::max(plan_.largest_unit_gathered_bytes, full_bytes(u));
-      }
-    }
   }
 
  private:
@@ -139,6 +134,8 @@ class PipelineReplay {
            !(layout_.group_size == 1 && layout_.compute_bytes == layout_.master_bytes);
   }
   int64_t full_bytes(size_t u) const { return flats_[u].padded * layout_.compute_bytes; }
+  // The end stages' wte unit (after the root).
+  static constexpr size_t wte_unit() { return 1; }
   int64_t gradient_element_bytes() const { return layout_.ddp ? 4 : layout_.compute_bytes; }
   int64_t gradient_bytes(size_t u) const { return flats_[u].numel * gradient_element_bytes(); }
   std::string of(int m) const { return " of microbatch " + std::to_string(m); }
@@ -148,24 +145,55 @@ class PipelineReplay {
   void gather_for_step() {
     int64_t sources = 0;
     for (size_t u = 0; u < flats_.size(); ++u) {
-      if (!gathers(u)) continue;
-      if (fsdp_rules::free_after_backward(layout_.strategy)) t_.add(&MemoryBreakdown::gathered_parameters, full_bytes(u));
-      if (layout_.compute_bytes != layout_.master_bytes) sources += flats_[u].shard * layout_.compute_bytes;
+      if (u > 0 && per_microbatch()) continue;
+      if (gathers(u) && layout_.compute_bytes != layout_.master_bytes) sources += flats_[u].shard * layout_.compute_bytes;
+      gather(u);
     }
-    t_.mark_with(&MemoryBreakdown::gathered_parameters, sources, "every unit gathered for the step");
+    t_.mark_with(&MemoryBreakdown::gathered_parameters, sources,
+                 per_microbatch() ? "the root gathered for the step" : "every unit gathered for the step");
+  }
+  bool per_microbatch() const { return !layout_.ddp && layout_.gather_per_microbatch; }
+  // A unit's full buffer allocated (gathered), or freed.
+  void gather(size_t u) {
+    if (layout_.ddp || !gathers(u) || full_[u]) return;
+    full_[u] = true;
+    t_.add(&MemoryBreakdown::gathered_parameters, full_bytes(u));
+    const int gathered = static_cast<int>(std::count(full_.begin(), full_.end(), true));
+    plan_.max_units_gathered = std::max(plan_.max_units_gathered, gathered);
+    plan_.largest_unit_gathered_bytes = std::max(plan_.largest_unit_gathered_bytes, full_bytes(u));
+  }
+  void release(size_t u) {
+    if (!full_[u]) return;
+    full_[u] = false;
+    t_.remove(&MemoryBreakdown::gathered_parameters, full_bytes(u));
+  }
+  // Per microbatch: a non-root unit's gather before it runs, and its reshard after.
+  void enter(size_t u) {
+    if (per_microbatch() && u > 0) gather(u);
+  }
+  void leave_forward(size_t u) {
+    if (per_microbatch() && fsdp_rules::reshard_after_forward(layout_.strategy, u == 0)) release(u);
+  }
+  void leave_backward(size_t u) {
+    if (per_microbatch() && u > 0 && fsdp_rules::free_after_backward(layout_.strategy)) release(u);
   }
 
   void forward(int m) {
     if (!stage_.first()) t_.add(kActivations, stage_.message_bytes);  // the activation received
     for (size_t u = 0; u < model_.units.size(); ++u) {
+      if (stage_.last() && model_.units[u].name == "wte") continue;  // the head, below
+      enter(u);
       t_.add(kActivations, model_.units[u].activation_bytes);
-      if (model_.units[u].activation_bytes > 0) t_.mark("forward" + of(m) + ": " + display(model_.units[u]));
+      t_.mark("forward" + of(m) + ": " + display(model_.units[u]));
+      leave_forward(u);
     }
     if (stage_.last()) {
       // ln_f's output, the log-probabilities kept for the loss's backward,
       // and for a moment the logits they came from.
+      enter(wte_unit());
       t_.add(kActivations, model_.root_tail_activation_bytes + model_.loss_bytes);
       t_.mark_with(kActivations, model_.output_bytes, "forward" + of(m) + ": the logits and the loss");
+      leave_forward(wte_unit());
     }
   }
 
@@ -192,6 +220,7 @@ class PipelineReplay {
       // The loss's backward: the gradients of the log-probabilities and of
       // the logits together.
       t_.mark_with(kActivations, 2 * model_.output_bytes, "backward" + of(m) + ": the loss's gradients");
+      enter(wte_unit());
       t_.remove(kActivations, model_.root_tail_activation_bytes + model_.loss_bytes);
       // The head's and ln_f's gradients (wte's unit and the root's).
       if (first_backward) {
@@ -201,12 +230,14 @@ class PipelineReplay {
         if (last_backward)
           for (size_t u = 0; u < 2; ++u) gradients_of(u, gradient_bytes(u), false, true);
       }
+      leave_backward(wte_unit());
     }
     for (size_t u = model_.units.size() - 1; u >= 1; --u) {
       const auto& unit = model_.units[u];
       if (unit.name == "wte") continue;  // its backward is the embedding's (first stage) or the head's (above)
       // After the first backward a weight's new gradient exists for a moment
       // before it is added into .grad.
+      enter(u);
       int64_t accumulating = 0;
       if (!first_backward)
         for (const auto& p : unit.parameters) accumulating = std::max(accumulating, p.numel * gradient_element_bytes());
@@ -215,14 +246,17 @@ class PipelineReplay {
       t_.remove(kGradients, accumulating);
       t_.remove(kActivations, unit.activation_bytes);
       gradients_of(u, gradient_bytes(u), first_backward, last_backward);
+      leave_backward(u);
     }
     if (stage_.first()) {
       // The embeddings' backward: wte's and wpe's gradients (new ones after
       // the first microbatch, added into the others).
       const auto& root = model_.units[0];
+      enter(wte_unit());
       t_.mark_with(kActivations, root.backward_end_workspace_bytes, "backward" + of(m) + ": the embeddings");
       t_.remove(kActivations, root.activation_bytes);
       for (size_t u = 0; u < 2; ++u) gradients_of(u, gradient_bytes(u), first_backward, last_backward);
+      leave_backward(wte_unit());
     } else {
       // The input's gradient, sent back; the activation received is freed.
       t_.mark_with(kActivations, stage_.message_bytes, "backward" + of(m) + ": the input's gradient");
@@ -258,8 +292,7 @@ class PipelineReplay {
       reduced.push_back(u);
     }
     for (size_t u = 0; u < flats_.size(); ++u)
-      if (gathers(u) && fsdp_rules::free_after_backward(layout_.strategy))
-        t_.remove(&MemoryBreakdown::gathered_parameters, full_bytes(u));
+      if (fsdp_rules::free_after_backward(layout_.strategy)) release(u);
     // Unit::finish_gradients, in reduction order.
     for (size_t u : reduced) {
       const auto& flat = flats_[u];
@@ -285,6 +318,7 @@ class PipelineReplay {
   const pp::Schedule schedule_;
   Plan& plan_;
   std::vector<FlatLayout> flats_;
+  std::vector<bool> full_;  // FSDP: the unit's full buffer is allocated
   Timeline t_;
   DDPBucketFill bucket_fill_;
   int64_t held_send_ = 0;  // the input's gradient sent by the previous backward

@@ -188,9 +188,11 @@ void check_pipeline_flags(const TrainConfig& c, int world_size) {
   if (c.pp < 1) fail("--pp must be >= 1, got " + std::to_string(c.pp));
   if (c.microbatches < 1) fail("--microbatches must be >= 1, got " + std::to_string(c.microbatches));
   if (!one_of(c.schedule, {"1f1b", "gpipe"})) fail("--schedule '" + c.schedule + "' is not one of: 1f1b, gpipe");
+  if (!one_of(c.pp_gather, {"step", "microbatch"})) fail("--pp-gather '" + c.pp_gather + "' is not one of: step, microbatch");
   if (c.pp == 1) {
     if (c.microbatches > 1)
       fail("--microbatches splits a pipeline's batch between its stages: it needs --pp N with N > 1");
+    if (c.pp_gather != "step") fail("--pp-gather says how a pipeline stage gathers its units: it needs --pp N with N > 1");
     return;
   }
   const std::string pp = "--pp " + std::to_string(c.pp);
@@ -211,6 +213,9 @@ void check_pipeline_flags(const TrainConfig& c, int world_size) {
     fail(pp + " sends fp32 activations between the stages: --mixed-precision " + c.mixed_precision +
          " with --pp is not available yet");
   if (c.compress != "none") fail(pp + " does not work with --compress " + c.compress + " yet");
+  if (c.pp_gather != "step" && !one_of(c.strategy, {"zero1", "zero2", "fsdp", "hsdp"}))
+    fail("--pp-gather " + c.pp_gather + " says when a sharded strategy gathers a stage's units: it needs --strategy "
+         "zero1, zero2, fsdp or hsdp, not " + c.strategy);
   if (c.balance) fail(pp + " does not work with --balance (a batch part splits into equal microbatches)");
   const int dp = world_size / (c.pp * c.tp);
   if (c.batch_size % (static_cast<int64_t>(dp) * c.microbatches) != 0)

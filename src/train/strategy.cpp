@@ -174,8 +174,11 @@ class DataParallel final : public Strategy {
 // fsdp, hsdp): the optimizer updates this rank's shards.
 class FullySharded final : public Strategy {
  public:
-  FullySharded(Model& model, CommPtr world, FSDPOptions options, std::string name)
-      : model_(model), fsdp_(model.module, std::move(world), std::move(options)), name_(std::move(name)) {}
+  FullySharded(Model& model, CommPtr world, FSDPOptions options, std::string name, bool gather_per_microbatch)
+      : model_(model),
+        fsdp_(model.module, std::move(world), std::move(options)),
+        name_(std::move(name)),
+        gather_per_microbatch_(gather_per_microbatch) {}
   std::string name() const override { return name_; }
   torch::Tensor forward(const torch::Tensor& inputs) override {
     return fsdp_.forward_root([&] { return model_.forward(fsdp_.compute_input(inputs)); });
@@ -208,7 +211,7 @@ class FullySharded final : public Strategy {
   HeldModel held() override {
     return model_.mesh ? held_on_mesh(fsdp_, *model_.mesh, model_.whole.get()) : detail::held_by_fsdp(fsdp_);
   }
-  void begin_microbatches() override { fsdp_.gather_for_step(); }
+  void begin_microbatches() override { fsdp_.gather_for_step(gather_per_microbatch_); }
   void end_microbatches() override { fsdp_.reduce_step_gradients(); }
   torch::Tensor updated_tensor(const std::string& name) override {
     for (const auto& shard : fsdp_.parameter_shards())
@@ -228,6 +231,7 @@ class FullySharded final : public Strategy {
   Model& model_;
   FullyShardedBase fsdp_;
   std::string name_;
+  bool gather_per_microbatch_;
 };
 
 
@@ -316,7 +320,8 @@ std::unique_ptr<Strategy> wrap_model(Model& model, const StrategyOptions& option
     }
     case StrategyEngine::FSDP: break;
   }
-  return std::make_unique<FullySharded>(model, world, fsdp_options(options, world->size()), options.name);
+  return std::make_unique<FullySharded>(model, world, fsdp_options(options, world->size()), options.name,
+                                        options.gather_per_microbatch);
 }
 
 }  // namespace train

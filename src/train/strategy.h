@@ -92,6 +92,7 @@ struct StrategyOptions {
   std::string mixed_precision = "none";
   std::string fsdp_prefetch = "auto";    // zero1 / zero2 / fsdp / hsdp: on | off | auto
   std::string fsdp_compress = "none";    // sharded: dtrain::parse_collective_compression
+  bool gather_per_microbatch = false;    // --pp-gather microbatch (sharded): FullyShardedBase::gather_for_step
 };
 
 // zero1 / zero2 / fsdp / hsdp as the FSDPOptions wrap_model uses on

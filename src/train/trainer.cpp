@@ -182,7 +182,8 @@ void DataParallelRun::build() {
   if (mesh_) model_.mesh = &*mesh_;
   strategy_ = train::wrap_model(
       model_, {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision,
-               .fsdp_prefetch = config_.fsdp_prefetch, .fsdp_compress = config_.fsdp_compress},
+               .fsdp_prefetch = config_.fsdp_prefetch, .fsdp_compress = config_.fsdp_compress,
+               .gather_per_microbatch = config_.pp_gather == "microbatch"},
       data_world_);
   if (pipeline_) tied_weight_ = strategy_->updated_tensor("wte.weight");
   if (!config_.init_from.empty()) {
@@ -444,7 +445,9 @@ void DataParallelRun::finish(double train_seconds) {
   final_line["local_batch_sizes"] = stragglers_.local_batch_sizes();  // --balance; [] = the even split
   final_line["train_time_s"] = train_seconds;
   final_line["mesh"] = {{"dp", dp_size_}, {"pp", config_.pp}, {"tp", config_.tp}};
-  if (pipeline_) final_line["pipeline"] = {{"schedule", config_.schedule}, {"microbatches", config_.microbatches}};
+  if (pipeline_)
+    final_line["pipeline"] = {{"schedule", config_.schedule}, {"microbatches", config_.microbatches},
+                              {"gather", config_.pp_gather}};
   if (background_) final_line["checkpoint_staging_bytes"] = background_->staging_bytes();  // Note [staging buffer]
   metrics_.write(final_line);
 }

@@ -317,10 +317,14 @@ TEST(Measured, PipelinePeakMatchesThePlan) {
     const auto blocks = pp::divide_blocks(config.n_layer, stages)[static_cast<size_t>(stage)];
     const auto spec = plan::describe_gpt_stage(config, kPart, kMicrobatches, torch::kFloat32, stage, stages, tp);
     for (const auto schedule : {pp::Schedule::GPipe, pp::Schedule::OneFOneB}) {
-      for (const std::string strategy : {"ddp", "zero1", "fsdp"}) {
+      // Sharded strategies also with every unit gathered per microbatch.
+      const std::vector<std::pair<std::string, bool>> runs{
+          {"ddp", false}, {"zero1", false}, {"fsdp", false}, {"zero1", true}, {"zero2", true}, {"fsdp", true}};
+      for (const auto& [strategy, per_microbatch] : runs) {
         world().barrier()->wait();
         const int64_t before = dtrain::memory::live_bytes();
         int64_t measured = 0;
+        int64_t gathers = 0;  // the engine's all-gathers in the last step
         {
           torch::manual_seed(0);
           plan::PlanOptions resolved;
@@ -381,7 +385,7 @@ TEST(Measured, PipelinePeakMatchesThePlan) {
             dtrain::memory::reset_peak();
             {
               optimizer.zero_grad();
-              if (fsdp) fsdp->gather_for_step();
+              if (fsdp) fsdp->gather_for_step(per_microbatch);
               pipeline.step(forward, loss, tokens, targets, {kPart / kMicrobatches, config.seq_len, config.n_embd},
                             torch::kFloat32, [&](bool sync, const std::function<void()>& backward) {
                               if (sync || !ddp) return backward();
@@ -394,21 +398,30 @@ TEST(Measured, PipelinePeakMatchesThePlan) {
             }
             if (step > 0) measured = std::max(measured, dtrain::memory::peak_bytes() - before);
           }
+          if (fsdp) gathers = fsdp->last_step().all_gather_calls;
         }
         plan::PlanOptions options;
         plan::set_strategy(options, strategy);
         options.world_size = mesh.size("dp");
         options.rank = mesh.rank("dp");
         options.schedule = schedule;
+        options.gather_per_microbatch = per_microbatch;
         const auto planned = plan::make_plan(spec, options);
         const double ratio = static_cast<double>(measured) / static_cast<double>(planned.peak.total());
-        const std::string where = strategy + " " + pp::schedule_name(schedule) + " on " + mesh.describe() +
+        const std::string where = strategy + (per_microbatch ? " (per microbatch)" : "") + " " +
+                                  pp::schedule_name(schedule) + " on " + mesh.describe() +
                                   ", stage " + std::to_string(stage);
         std::printf("  rank %d, %s: measured %lld bytes, planned %lld (%.4f) at %s\n", world().rank(), where.c_str(),
                     static_cast<long long>(measured), static_cast<long long>(planned.peak.total()), ratio,
                     planned.peak_moment.c_str());
         EXPECT_NEAR(ratio, 1.0, 0.05) << where << ": measured " << measured << " bytes, planned "
                                       << planned.peak.total() << " at " << planned.peak_moment;
+        int64_t planned_gathers = 0;
+        for (const auto& c : planned.collectives)
+          if (c.op == "all_gather") planned_gathers += c.calls;
+        if (strategy != "ddp" && mesh.size("dp") > 1) {
+          EXPECT_EQ(gathers, planned_gathers) << where << ": the engine's all-gathers in a step against the plan's";
+        }
       }
     }
    }

@@ -34,6 +34,7 @@ def main():
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--microbatches", type=int)
     parser.add_argument("--schedule")
+    parser.add_argument("--pp-gather")
     parser.add_argument("--nproc", type=int, required=True)
     parser.add_argument("--strategy", default="fsdp")
     parser.add_argument("--backend", default="mpi")
@@ -52,6 +53,8 @@ def main():
             pipeline += ["--microbatches", str(args.microbatches)]
         if args.schedule:
             pipeline += ["--schedule", args.schedule]
+        if args.pp_gather:
+            pipeline += ["--pp-gather", args.pp_gather]
         _, output = run(base + ["--strategy", args.strategy, "--nproc", str(args.nproc), "--tp", str(args.tp),
                              "--pp", str(args.pp), "--backend", args.backend, "--metrics", tp_path] + pipeline
                         + (["--sequence-parallel"] if args.sequence_parallel else []))
