@@ -174,6 +174,7 @@ Resolved resolve(const PlanFlags& f) {
   gpt_config.n_embd = f.gpt_dim;
   gpt_config.n_head = f.gpt_heads;
   gpt_config.seq_len = f.seq_len;
+  gpt_config.vocab_size = f.vocab_size;
   if (f.pp > 1) {
     for (int stage = 0; stage < f.pp; ++stage)
       r.stages.push_back(plan::describe_gpt_stage(gpt_config, per_rank, f.microbatches, compute, stage, f.pp, f.tp));
@@ -365,6 +366,8 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
   cmd->add_option("--gpt-heads", f.gpt_heads, "GPT attention heads (must divide --gpt-dim)")->check(at_least(1))
       ->capture_default_str();
   cmd->add_option("--seq-len", f.seq_len, "GPT context length (tokens per sample)")->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--vocab-size", f.vocab_size, "GPT vocabulary (as dtrain train --vocab-size)")->check(at_least(1))
       ->capture_default_str();
   std::vector<std::string> planned;
   for (const auto& row : strategy_table())

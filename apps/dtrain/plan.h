@@ -21,6 +21,7 @@ struct PlanFlags {
   int64_t gpt_dim = 128;
   int64_t gpt_heads = 4;
   int64_t seq_len = 128;
+  int64_t vocab_size = 256;
   std::string strategy = "fsdp";  // ddp | zero1 | zero2 | fsdp | hsdp
   int nproc = 0;                  // required
   int hybrid_group_size = 0;      // hsdp: required

@@ -90,17 +90,27 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
       ->check(kPositive)->capture_default_str();
   model->add_option("--dropout", c.dropout, "Dropout probability")->check(kFraction)
       ->capture_default_str();
+  model->add_option("--vocab-size", c.vocab_size,
+                    "GPT vocabulary: token ids 0..N-1 (256 for --data text:PATH's bytes; a token file's ids must "
+                    "fall below it)")
+      ->check(kPositive)->capture_default_str();
 
   auto* data = app.add_option_group("Data");
   data->add_option("--data", c.data,
-                   "fashion-mnist | text:PATH (a text file or folder) "
-                   "(default: fashion-mnist for mlp and cnn, text:/usr/share/games/fortunes for gpt)")
+                   "fashion-mnist | text:PATH (a text file or folder) | tokens:PATH (a token file: nanoGPT's "
+                   "flat uint16/uint32 or llm.c's; or a folder with train.bin and val.bin, or NAME_train.bin and "
+                   "NAME_val.bin) (default: fashion-mnist for mlp and cnn, text:/usr/share/games/fortunes for gpt)")
       ->check(CLI::Validator(
           [](std::string& value) -> std::string {
-            if (value == "fashion-mnist" || (value.rfind("text:", 0) == 0 && value.size() > 5)) return "";
-            return "'" + value + "' is not one of: fashion-mnist, text:PATH";
+            if (value == "fashion-mnist" || (value.rfind("text:", 0) == 0 && value.size() > 5) ||
+                (value.rfind("tokens:", 0) == 0 && value.size() > 7))
+              return "";
+            return "'" + value + "' is not one of: fashion-mnist, text:PATH, tokens:PATH";
           },
-          "fashion-mnist|text:PATH"));
+          "fashion-mnist|text:PATH|tokens:PATH"));
+  data->add_option("--token-dtype", c.token_dtype,
+                   "tokens:PATH: auto (llm.c's header says; else nanoGPT's uint16) | uint16 | uint32 (a flat file)")
+      ->check(CLI::IsMember({"auto", "uint16", "uint32"}))->capture_default_str();
   data->add_option("--shuffle", f.shuffle, "Shuffle each epoch (seeded): true | false")
       ->check(CLI::IsMember({"true", "false"}))->capture_default_str();
 
@@ -269,6 +279,7 @@ void resolve_defaults(const CLI::App& app, TrainFlags& f) {
   const bool gpt = c.model == "gpt";
   if (!given(app, "--data")) c.data = gpt ? "text:/usr/share/games/fortunes" : "fashion-mnist";
   if (!given(app, "--batch-size")) c.batch_size = gpt ? 32 : 128;
+  if (!given(app, "--samples") && c.data.rfind("tokens:", 0) == 0) c.samples = 0;  // no tokenizer to decode them
   if (!given(app, "--optimizer")) c.optimizer = gpt ? "adamw" : "sgd";
   const bool adamw = c.optimizer == "adamw";
   if (!given(app, "--lr")) c.lr = adamw ? 1e-3 : 0.05;

@@ -98,18 +98,55 @@ struct TextOptions {
 class TextDataset : public Dataset {
  public:
   TextDataset(const TextCorpus& corpus, Split split, const TextOptions& options = {});
+  // Windows over all of `tokens` (any integer dtype, e.g. a token file's
+  // int32 ids; options.validation_fraction is not used): the split is the
+  // caller's. `what` names the tokens in errors.
+  TextDataset(const torch::Tensor& tokens, const TextOptions& options, const std::string& what);
   int64_t size() const override;
   Batch get_batch(const std::vector<int64_t>& indices) const override;
 
   int64_t seq_len() const { return seq_len_; }
-  const torch::Tensor& bytes() const { return bytes_; }  // this split's bytes, uint8
+  const torch::Tensor& bytes() const { return bytes_; }  // this split's tokens (uint8 bytes for text)
 
  private:
+  void make_windows(const std::string& what, const std::string& unit);
   torch::Tensor bytes_;
   int64_t seq_len_;
   int64_t stride_;
   int64_t size_;
 };
+
+// ------------------------------------------------------------------ token files
+
+// How a token file stores its ids: nanoGPT's np.memmap layout (a flat array
+// of uint16 or uint32, no header), or llm.c's (a header of 256 int32: magic
+// 20240520 for uint16 ids or 20240801 for uint32, a version, the number of
+// ids; then the ids). Auto: llm.c's when the file starts with one of its
+// magics, else flat uint16.
+enum class TokenFormat { Auto, UInt16, UInt32 };
+// "auto" | "uint16" | "uint32"; throws std::invalid_argument naming them.
+TokenFormat token_format_from(const std::string& name);
+
+struct TokenFile {
+  torch::Tensor tokens;  // int32 [n]
+  std::string layout;    // "nanoGPT uint16", "nanoGPT uint32", "llm.c uint16", "llm.c uint32"
+};
+// Throws std::runtime_error naming the file and the problem: missing or
+// unreadable, empty, a size that is not a whole number of ids, an llm.c
+// header cut short or counting other than the ids that follow.
+TokenFile read_token_file(const std::string& path, TokenFormat format = TokenFormat::Auto);
+
+// The token files of a run (--data tokens:PATH): one file, whose last
+// validation_fraction of ids are the validation split; or a folder with
+// one file for each split, named as nanoGPT names them (train.bin, val.bin)
+// or as llm.c does (*_train.bin, *_val.bin). Throws std::runtime_error for
+// a folder without exactly one of each.
+struct TokenCorpus {
+  torch::Tensor train, validation;  // int32
+  std::vector<std::string> files;
+  std::string layout;
+};
+TokenCorpus read_token_corpus(const std::string& path, TokenFormat format, double validation_fraction);
 
 // --------------------------------------------------------- distributed sampler
 

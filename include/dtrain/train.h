@@ -34,14 +34,20 @@ struct TrainConfig {
   int64_t gpt_heads = 4;
   int64_t seq_len = 128;
   double dropout = 0.0;
+  // GPT: token ids 0..vocab_size-1 (256: the bytes of --data text:PATH; a
+  // token file's ids must fall below it).
+  int64_t vocab_size = 256;
   // Initial weights from a safetensors file (every parameter and buffer, by
   // name; see load_state_into in dtrain/checkpoint.h) instead of the seeded
   // initialisation; "" = none. Loaded on every rank before the strategy wraps
   // the model.
   std::string init_from;
 
-  // ---- data: "fashion-mnist" (mlp, cnn) or "text:PATH" (gpt; a file or a folder)
+  // ---- data: "fashion-mnist" (mlp, cnn), "text:PATH" (gpt; a file or a
+  // folder) or "tokens:PATH" (gpt; a token file, or a folder with a train and
+  // a validation file: data::read_token_corpus)
   std::string data = "fashion-mnist";
+  std::string token_dtype = "auto";  // tokens:PATH: auto | uint16 | uint32 (data::TokenFormat)
   std::string fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
   bool shuffle = true;
 

@@ -23,13 +23,26 @@ TextDataset::TextDataset(const TextCorpus& corpus, Split split, const TextOption
   const auto validation = static_cast<int64_t>(std::floor(static_cast<double>(n) * options.validation_fraction));
   bytes_ = split == Split::Train ? corpus.bytes.narrow(0, 0, n - validation)
                                  : corpus.bytes.narrow(0, n - validation, validation);
+  make_windows(std::string("the ") + (split == Split::Train ? "train" : "validation") + " split", "bytes");
+}
 
-  // A window needs seq_len inputs plus the one byte after them as the last target.
+TextDataset::TextDataset(const torch::Tensor& tokens, const TextOptions& options, const std::string& what)
+    : bytes_(tokens.flatten()), seq_len_(options.seq_len), stride_(options.stride == 0 ? options.seq_len : options.stride) {
+  if (options.seq_len <= 0)
+    throw std::invalid_argument("TextDataset: seq_len must be positive, got " + std::to_string(options.seq_len));
+  if (stride_ <= 0)
+    throw std::invalid_argument("TextDataset: stride must be positive (or 0 for seq_len), got " +
+                                std::to_string(options.stride));
+  make_windows(what, "tokens");
+}
+
+void TextDataset::make_windows(const std::string& what, const std::string& unit) {
+  // A window needs seq_len inputs plus the one token after them as the last target.
   const int64_t m = bytes_.numel();
   if (m < seq_len_ + 1)
-    throw std::invalid_argument(std::string("TextDataset: the ") + (split == Split::Train ? "train" : "validation") +
-                                " split has " + std::to_string(m) + " bytes, fewer than seq_len + 1 = " +
-                                std::to_string(seq_len_ + 1) + ": use a larger corpus or a shorter seq_len");
+    throw std::invalid_argument("TextDataset: " + what + " has " + std::to_string(m) +
+                                " " + unit + ", fewer than seq_len + 1 = " + std::to_string(seq_len_ + 1) +
+                                ": use a larger corpus or a shorter seq_len");
   size_ = (m - seq_len_ - 1) / stride_ + 1;
 }
 

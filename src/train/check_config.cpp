@@ -37,8 +37,22 @@ void check_data(const TrainConfig& c) {
            " (Debian package dataset-fashion-mnist; scripts/setup installs it)");
     return;
   }
-  if (path.empty()) fail("--data '" + c.data + "' is not one of: fashion-mnist, text:PATH (a text file or folder)");
+  const std::string tokens = train::tokens_path(c.data);
+  if (!tokens.empty()) {
+    if (c.model != "gpt") fail("--data tokens:PATH holds token ids, for --model gpt; --model " + c.model + " needs --data fashion-mnist");
+    std::error_code error;
+    if (!fs::exists(tokens, error)) fail("--data tokens:" + tokens + ": no such file or folder");
+    if (c.samples > 0)
+      fail("--samples " + std::to_string(c.samples) + " decodes bytes, and --data tokens:PATH holds token ids: "
+           "pass --samples 0 (a tokenizer to decode them is not available yet)");
+    return;
+  }
+  if (c.token_dtype != "auto") fail("--token-dtype says how --data tokens:PATH stores its ids; --data " + c.data + " has none");
+  if (path.empty()) fail("--data '" + c.data + "' is not one of: fashion-mnist, text:PATH (a text file or folder), tokens:PATH");
   if (c.model != "gpt") fail("--data text:PATH is text, for --model gpt; --model " + c.model + " needs --data fashion-mnist");
+  if (c.vocab_size < 256)
+    fail("--data text:PATH trains on bytes (ids 0-255): --vocab-size " + std::to_string(c.vocab_size) +
+         " is too small (use 256)");
   std::error_code error;
   if (!fs::exists(path, error)) fail("--data text:" + path + ": no such file or folder");
 }
@@ -173,8 +187,9 @@ void check_tensor_parallel_flags(const TrainConfig& c, int world_size) {
   if (c.sequence_parallel && c.seq_len % c.tp != 0)
     fail("--sequence-parallel with " + tp + " needs --seq-len divisible by " + std::to_string(c.tp) + ", got " +
          std::to_string(c.seq_len));
-  if (256 % c.tp != 0)
-    fail(tp + " does not divide the vocabulary of 256 bytes (each rank holds 256 / tp rows of the embedding)");
+  if (c.vocab_size % c.tp != 0)
+    fail(tp + " does not divide the vocabulary of " + std::to_string(c.vocab_size) + " (--vocab-size; each rank holds "
+         "vocab / tp rows of the embedding)");
   if (!one_of(c.strategy, {"single", "ddp", "zero1", "zero2", "fsdp", "hsdp"}))
     fail(tp + " combines with --strategy single, ddp, zero1, zero2, fsdp or hsdp (over the dp groups), not " +
          c.strategy);

@@ -114,6 +114,7 @@ models::GPTConfig gpt_config(const TrainConfig& config) {
   gpt.n_embd = config.gpt_dim;
   gpt.n_head = config.gpt_heads;
   gpt.dropout = config.dropout;
+  gpt.vocab_size = config.vocab_size;
   return gpt;
 }
 

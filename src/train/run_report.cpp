@@ -37,7 +37,7 @@ std::string describe_model(const TrainConfig& c) {
     text << ")";
   } else if (c.model == "gpt") {
     text << "gpt (" << c.gpt_layers << (c.gpt_layers == 1 ? " layer" : " layers") << ", dim " << c.gpt_dim << ", " << c.gpt_heads << " heads, context "
-         << c.seq_len << ")";
+         << c.seq_len << (c.vocab_size != 256 ? ", vocab " + std::to_string(c.vocab_size) : std::string()) << ")";
   } else {
     text << c.model;
   }

@@ -471,7 +471,7 @@ void DataParallelRun::print_summary(double train_seconds) const {
   } else {
     text.precision(4);
     text << "validation loss: " << final_eval_->loss << " (" << eval_count_ << " windows of " << config_.seq_len
-         << " bytes)\n";
+         << (train::tokens_path(config_.data).empty() ? " bytes)\n" : " tokens)\n");
     for (size_t i = 0; i < result_.samples.size(); ++i) {
       text << "sample " << i + 1 << ":\n";
       std::istringstream lines(train::printable(result_.samples[i]));

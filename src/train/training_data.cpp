@@ -7,6 +7,39 @@
 namespace dtrain::train {
 
 std::string text_path(const std::string& data) { return data.rfind("text:", 0) == 0 ? data.substr(5) : ""; }
+std::string tokens_path(const std::string& data) { return data.rfind("tokens:", 0) == 0 ? data.substr(7) : ""; }
+
+namespace {
+
+// --data tokens:PATH: the train and validation ids, checked against the
+// model's vocabulary.
+TrainingData load_tokens(const TrainConfig& config, const std::string& path) {
+  data::TextOptions options;
+  options.seq_len = config.seq_len;
+  const data::TokenCorpus corpus =
+      data::read_token_corpus(path, data::token_format_from(config.token_dtype), options.validation_fraction);
+  for (const auto* split : {&corpus.train, &corpus.validation}) {
+    if (split->numel() == 0) continue;
+    const int64_t largest = split->max().item<int64_t>();
+    if (largest >= config.vocab_size)
+      throw std::runtime_error("--data tokens:" + path + " holds token id " + std::to_string(largest) +
+                               ", outside the model's vocabulary of " + std::to_string(config.vocab_size) +
+                               ": pass --vocab-size " + std::to_string(largest + 1) + " or more (the tokenizer's "
+                               "vocabulary size)");
+  }
+  TrainingData result;
+  result.train = std::make_unique<data::TextDataset>(corpus.train, options, "the train split of " + path);
+  result.validation = std::make_unique<data::TextDataset>(corpus.validation, options, "the validation split of " + path);
+  result.units_per_sample = config.seq_len;
+  result.unit = "tokens";
+  result.description = path + " (" + corpus.layout + ", " + format_count(corpus.train.numel()) + " train and " +
+                       format_count(corpus.validation.numel()) + " validation tokens; " +
+                       format_count(result.train->size()) + " train windows of " + std::to_string(config.seq_len) +
+                       " tokens)";
+  return result;
+}
+
+}  // namespace
 
 TrainingData load_training_data(const TrainConfig& config) {
   TrainingData result;
@@ -17,8 +50,9 @@ TrainingData load_training_data(const TrainConfig& config) {
                          format_count(result.validation->size()) + " test images)";
     return result;
   }
+  if (const std::string tokens = tokens_path(config.data); !tokens.empty()) return load_tokens(config, tokens);
   const std::string path = text_path(config.data);
-  if (path.empty()) throw std::invalid_argument("--data '" + config.data + "' is not fashion-mnist or text:PATH");
+  if (path.empty()) throw std::invalid_argument("--data '" + config.data + "' is not fashion-mnist, text:PATH or tokens:PATH");
   const data::TextCorpus corpus = data::read_text_corpus(path);
   data::TextOptions options;
   options.seq_len = config.seq_len;

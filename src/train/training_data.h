@@ -33,5 +33,7 @@ data::SamplerOptions sampler_options(const TrainConfig& config, const TrainingDa
 
 // "text:PATH" -> PATH; "" for anything else.
 std::string text_path(const std::string& data);
+// "tokens:PATH" -> PATH; "" for anything else.
+std::string tokens_path(const std::string& data);
 
 }  // namespace dtrain::train
