@@ -249,6 +249,31 @@ TEST(TensorParallel, SizesThatDoNotSplitAreRejectedWithTheNumbers) {
   EXPECT_THROW(tp::RowParallelLinear(n * 3 + 1, 4, group), std::invalid_argument);
 }
 
+// tp::clip_grad_norm: a weight split by rows across the group and a
+// replicated bias give the norm of the whole gradients (the slices' parts
+// summed, the replicated one counted once) and are scaled as
+// torch::nn::utils::clip_grad_norm_ scales the whole ones on one process.
+TEST(TensorParallel, ClipGradNormEqualsTheUnsplitClipping) {
+  DeviceMesh mesh = tp_mesh();
+  auto& group = *mesh.comm("tp");
+  const int n = group.size(), r = group.rank();
+  torch::manual_seed(7);  // the same whole gradients on every rank
+  const auto weight_grad = torch::randn({4 * n, 3}), bias_grad = torch::randn({5});
+  auto weight = torch::zeros({4, 3}).requires_grad_(true), bias = torch::zeros({5}).requires_grad_(true);
+  auto whole_weight = torch::zeros({4 * n, 3}).requires_grad_(true), whole_bias = torch::zeros({5}).requires_grad_(true);
+  weight.mutable_grad() = weight_grad.narrow(0, 4 * r, 4).clone();
+  bias.mutable_grad() = bias_grad.clone();
+  whole_weight.mutable_grad() = weight_grad.clone();
+  whole_bias.mutable_grad() = bias_grad.clone();
+  const double expected = torch::nn::utils::clip_grad_norm_(std::vector<torch::Tensor>{whole_weight, whole_bias}, 1.0);
+  const double norm = tp::clip_grad_norm({weight, bias}, {true, false}, 1.0, nullptr, group);
+  EXPECT_NEAR(norm, expected, 1e-5 * expected);
+  EXPECT_GT(norm, 1.0) << "the gradients must be large enough to be clipped";
+  expect_close(weight.grad(), whole_weight.grad().narrow(0, 4 * r, 4), "the weight slice's clipped gradient");
+  expect_close(bias.grad(), whole_bias.grad(), "the replicated bias's clipped gradient");
+  EXPECT_THROW(tp::clip_grad_norm({weight, bias}, {true}, 1.0, nullptr, group), std::invalid_argument);
+}
+
 // (dp, tp) = (2, 2) at 4 ranks: each tp group works on its own, the dp groups
 // see the same layer slices on their tp coordinate.
 TEST(DeviceMesh, TwoTensorParallelGroupsSideBySide) {
