@@ -1,12 +1,15 @@
 #include "checkpoint.h"
 
 #include <dtrain/checkpoint.h>
+#include <dtrain/hugging_face.h>
 
 #include <torch/torch.h>
 
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <map>
+#include <stdexcept>
 #include <sstream>
 
 namespace dtrain::cli {
@@ -30,7 +33,15 @@ CheckpointCommands add_checkpoint_subcommand(CLI::App& app, CheckpointFlags& fla
   commands.inspect->add_option("dir", flags.dir, "Checkpoint directory")->required();
   commands.export_ = command->add_subcommand("export", "Write the full (unsharded) parameters to one safetensors file");
   commands.export_->add_option("dir", flags.dir, "Checkpoint directory")->required();
-  commands.export_->add_option("--to", flags.to, "Output .safetensors file")->required();
+  commands.export_->add_option("--to", flags.to, "Output .safetensors file (--format hf: a directory)")->required();
+  commands.export_->add_option("--format", flags.format,
+                               "safetensors (one file, dtrain's names) | hf (a Hugging Face model directory: config.json "
+                               "and safetensors that transformers' from_pretrained loads; gpt, gpt2 and llama runs)")
+      ->check(CLI::IsMember({"safetensors", "hf"}))->capture_default_str();
+  commands.export_->add_option("--max-shard-size", flags.max_shard_size,
+                               "--format hf: the largest safetensors file, in bytes or with KB, MB, GB (above it the "
+                               "model is split into shards with model.safetensors.index.json)")
+      ->capture_default_str();
   return commands;
 }
 
@@ -72,7 +83,44 @@ int checkpoint_inspect(const CheckpointFlags& flags) {
   return 0;
 }
 
+namespace {
+
+// "5GB", "200MB", "123" -> bytes (decimal units, as Hugging Face's max_shard_size).
+int64_t parse_size(const std::string& text) {
+  size_t used = 0;
+  double number = 0;
+  try {
+    number = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  const std::map<std::string, double> units{{"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}};
+  const auto found = units.find(unit);
+  if (used == 0 || found == units.end() || !(number * found->second >= 1))
+    throw std::invalid_argument("--max-shard-size '" + text + "' is not a size such as 5GB, 200MB or 1000000");
+  return static_cast<int64_t>(number * found->second);
+}
+
+int export_hugging_face(const CheckpointFlags& flags) {
+  const auto manifest = read_checkpoint_manifest(flags.dir);
+  const auto config = manifest.extra.find("hf_config");
+  if (config == manifest.extra.end())
+    throw std::invalid_argument(flags.dir + " does not record a transformer's architecture (hf_config): --format hf "
+                                "exports checkpoints of dtrain train --model gpt, gpt2 or llama");
+  const hf::ModelConfig model = hf::parse_config(config->second, flags.dir + ": hf_config");
+  const int files = hf::export_checkpoint(flags.dir, flags.to, model, parse_size(flags.max_shard_size));
+  std::cout << "wrote " << flags.to << ": config.json and " << files << (files == 1 ? " file" : " files") << " ("
+            << model.model << ", step " << manifest.step << "); load it with transformers' "
+            << (model.model == "llama" ? "LlamaForCausalLM" : "GPT2LMHeadModel") << ".from_pretrained(\"" << flags.to
+            << "\")\n";
+  return 0;
+}
+
+}  // namespace
+
 int checkpoint_export(const CheckpointFlags& flags) {
+  if (flags.format == "hf") return export_hugging_face(flags);
   const auto manifest = read_checkpoint_manifest(flags.dir);
   // One tensor in memory at a time: a model larger than this machine's memory exports too.
   const size_t written = export_checkpoint_safetensors(

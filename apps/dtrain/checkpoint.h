@@ -3,6 +3,7 @@
 //
 //   dtrain checkpoint inspect DIR                      step, strategy, files (checked), tensors
 //   dtrain checkpoint export DIR --to model.safetensors  full parameters, one file
+//   dtrain checkpoint export DIR --to OUT --format hf     a Hugging Face model directory
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -13,7 +14,9 @@ namespace dtrain::cli {
 
 struct CheckpointFlags {
   std::string dir;
-  std::string to;  // export: output file
+  std::string to;  // export: output file (or directory, --format hf)
+  std::string format = "safetensors";     // export: safetensors | hf
+  std::string max_shard_size = "5GB";     // export --format hf: the largest safetensors file
 };
 
 struct CheckpointCommands {

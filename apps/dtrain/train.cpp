@@ -7,6 +7,7 @@
 
 #include "dtrain/comm.h"
 #include "dtrain/fsdp_compression.h"
+#include "dtrain/hugging_face.h"
 #include "dtrain/strategy_table.h"
 #include "dtrain/train.h"
 
@@ -76,8 +77,20 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
   app.allow_config_extras(CLI::config_extras_mode::error);
 
   auto* model = app.add_option_group("Model");
-  model->add_option("--model", c.model, "mlp | cnn | gpt")->check(CLI::IsMember({"mlp", "cnn", "gpt"}))
-      ->capture_default_str();
+  model->add_option("--model", c.model,
+                    "mlp | cnn | gpt (dtrain's byte-level GPT) | gpt2 (GPT-2: its tanh GELU) | llama (RMSNorm, rotary "
+                    "embeddings, SwiGLU, grouped-query attention) (default: the --model-config's, else mlp)")
+      ->check(CLI::IsMember({"mlp", "cnn", "gpt", "gpt2", "llama"}))->capture_default_str();
+  model->add_option("--model-config", c.model_config,
+                    "A Hugging Face config.json (model_type gpt2 or llama) that gives the architecture (default: "
+                    "--init-from DIR's config.json)")
+      ->check(CLI::ExistingFile);
+  model->add_option("--kv-heads", c.kv_heads, "llama: key/value heads, dividing --gpt-heads (default: --gpt-heads)")
+      ->check(kPositive);
+  model->add_option("--ffn-dim", c.ffn_dim, "llama: the SwiGLU MLP's width (default: 8/3 x --gpt-dim rounded up to 64)")
+      ->check(kPositive);
+  model->add_option("--rope-theta", c.rope_theta, "llama: the rotary embeddings' base")->capture_default_str();
+  model->add_flag("--tie-embeddings", c.tie_embeddings, "llama: the output head is the token embedding");
   model->add_option("--mlp-hidden", c.mlp_hidden, "MLP hidden widths, comma-separated")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->check(kPositive)
       ->capture_default_str();
@@ -273,10 +286,30 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
 
 bool given(const CLI::App& app, const std::string& flag) { return app.count(flag) > 0; }
 
+// A Hugging Face config.json (--model-config, or --init-from DIR's) gives
+// the transformer's architecture: the flags that would say it are refused.
+void resolve_model_config(const CLI::App& app, TrainConfig& c) {
+  const bool from_directory = c.model_config.empty() && !c.init_from.empty() && hf::is_model_directory(c.init_from);
+  if (c.model_config.empty() && !from_directory) return;
+  const std::string source = from_directory ? c.init_from + "/config.json" : c.model_config;
+  for (const char* flag : {"--gpt-layers", "--gpt-dim", "--gpt-heads", "--vocab-size", "--kv-heads", "--ffn-dim",
+                           "--rope-theta", "--tie-embeddings"}) {
+    if (given(app, flag))
+      throw std::invalid_argument(std::string(flag) + ": the architecture comes from " + source +
+                                  "; leave the flag out (or edit the file)");
+  }
+  if (given(app, "--model") && c.model != "gpt" && c.model != "gpt2" && c.model != "llama")
+    throw std::invalid_argument(source + " describes a transformer: --model " + c.model + " cannot be built from it");
+  apply_model_config(c);
+  // Windows as long as the model's context, up to the default's 128.
+  if (!given(app, "--seq-len")) c.seq_len = std::min<int64_t>(c.seq_len, c.positions);
+}
+
 // Fills in the defaults that depend on other flags.
 void resolve_defaults(const CLI::App& app, TrainFlags& f) {
   TrainConfig& c = f.config;
-  const bool gpt = c.model == "gpt";
+  resolve_model_config(app, c);
+  const bool gpt = c.model == "gpt" || c.model == "gpt2" || c.model == "llama";
   if (!given(app, "--data")) c.data = gpt ? "text:/usr/share/games/fortunes" : "fashion-mnist";
   if (!given(app, "--batch-size")) c.batch_size = gpt ? 32 : 128;
   if (!given(app, "--samples") && c.data.rfind("tokens:", 0) == 0) c.samples = 0;  // no tokenizer to decode them
@@ -350,10 +383,10 @@ int train_main(const std::vector<std::string>& args) {
   } catch (const CLI::ParseError& error) {
     return app.exit(error) == 0 ? 0 : 2;  // --help: 0; usage errors: 2
   }
-  resolve_defaults(app, flags);
   TrainConfig& config = flags.config;
 
   try {
+    resolve_defaults(app, flags);
     if (backend_from_environment() != "self") {
       // One rank of a job that a launcher (dtrain launch, mpirun, torchrun) started.
       auto world = init();

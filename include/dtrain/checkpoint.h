@@ -79,6 +79,13 @@ std::map<std::string, torch::Tensor> load_full_checkpoint(const std::string& dir
 // Checks checksums first. Returns the number of tensors written.
 size_t export_checkpoint_safetensors(const std::string& dir, const std::string& path,
                                      const std::map<std::string, std::string>& metadata = {});
+// The checkpoint's parameters and buffers (no optimizer state), for
+// exporters: calls `use` once with their names, dtypes and shapes and a
+// function that assembles entry i from the rank files (one whole tensor).
+// Checks checksums first.
+using CheckpointTensorsVisitor = std::function<void(const std::vector<SafetensorsEntry>& entries,
+                                                    const std::function<torch::Tensor(size_t)>& tensor_at)>;
+void read_checkpoint_tensors(const std::string& dir, const CheckpointTensorsVisitor& use);
 
 // What one rank holds of a model and its optimizer, as pieces of flattened
 // global tensors: the view sharded save and load work on, whatever the

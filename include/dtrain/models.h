@@ -73,7 +73,16 @@ struct GPTConfig {
   int64_t n_embd = 64;
   int64_t n_head = 4;        // must divide n_embd
   double dropout = 0.0;      // embeddings, attention weights, residual branches
+  // GPT-2's flavour (Hugging Face's "gelu_new"): GELU with the tanh
+  // approximation. dtrain's own GPT uses the exact GELU.
+  bool gelu_tanh = false;
+  double layer_norm_eps = 1e-5;
 };
+
+// The GPT's LayerNorm over n_embd (config.layer_norm_eps), deferred as the
+// models build their modules, and its MLP activation (config.gelu_tanh).
+torch::nn::LayerNorm gpt_layer_norm(const GPTConfig& config);
+torch::Tensor gpt_activation(const GPTConfig& config, const torch::Tensor& x);
 
 // One pre-norm transformer block:
 //   x = x + attn_proj(causal_attention(qkv(ln_1(x))))
@@ -88,6 +97,7 @@ class GPTBlockImpl : public torch::nn::Module {
  private:
   int64_t n_head_;
   double dropout_;
+  GPTConfig config_;
   torch::nn::LayerNorm ln_1_{nullptr};
   torch::nn::Linear qkv_{nullptr}, attn_proj_{nullptr};
   torch::nn::LayerNorm ln_2_{nullptr};

@@ -64,6 +64,7 @@ class TPGPTBlockImpl : public torch::nn::Module {
   bool sequence_parallel_ = false;
   int64_t local_heads_;
   double dropout_;
+  GPTConfig config_;
   torch::nn::LayerNorm ln_1_{nullptr};
   tp::ColumnParallelLinear qkv_{nullptr};
   tp::RowParallelLinear attn_proj_{nullptr};

@@ -27,20 +27,40 @@ namespace dtrain {
 
 struct TrainConfig {
   // ---- model
-  std::string model = "mlp";  // mlp | cnn | gpt
+  // mlp | cnn | gpt (dtrain's byte-level GPT) | gpt2 (GPT-2: the GPT with
+  // the tanh GELU) | llama (models::Llama)
+  std::string model = "mlp";
   std::vector<int64_t> mlp_hidden{256, 256};
+  // The transformers' sizes (gpt, gpt2, llama): blocks, width, query heads.
   int64_t gpt_layers = 4;
   int64_t gpt_dim = 128;
   int64_t gpt_heads = 4;
-  int64_t seq_len = 128;
+  int64_t seq_len = 128;  // the training windows' length
   double dropout = 0.0;
+  // llama: key/value heads (grouped-query attention; 0 = gpt_heads), the
+  // SwiGLU MLP's width (0 = models::default_ffn_dim), rotary base, tied head.
+  int64_t kv_heads = 0;
+  int64_t ffn_dim = 0;
+  double rope_theta = 10000.0;
+  bool tie_embeddings = false;
+  // The normalisation's epsilon; 0 = the family's (1e-5 LayerNorm, 1e-6 RMSNorm).
+  double norm_eps = 0.0;
+  // gpt2, llama: the longest context the model holds (GPT-2's position
+  // table); 0 = seq_len.
+  int64_t positions = 0;
+  // A Hugging Face config.json the transformer's architecture comes from
+  // (apply_model_config sets the fields above from it); "" = the flags.
+  // The file's text is kept in checkpoints for `dtrain checkpoint export
+  // --format hf`.
+  std::string model_config;
+  std::string model_config_json;
   // GPT: token ids 0..vocab_size-1 (256: the bytes of --data text:PATH; a
   // token file's ids must fall below it).
   int64_t vocab_size = 256;
   // Initial weights from a safetensors file (every parameter and buffer, by
-  // name; see load_state_into in dtrain/checkpoint.h) instead of the seeded
-  // initialisation; "" = none. Loaded on every rank before the strategy wraps
-  // the model.
+  // name; see load_state_into in dtrain/checkpoint.h) or a Hugging Face model
+  // directory (gpt, gpt2, llama: dtrain/hugging_face.h) instead of the seeded
+  // initialisation; "" = none. Each rank reads only what it holds.
   std::string init_from;
 
   // ---- data: "fashion-mnist" (mlp, cnn), "text:PATH" (gpt; a file or a
@@ -186,6 +206,16 @@ TrainResult run_training(const TrainConfig& config, CommPtr world);
 // exist (and the --init-from file), without reading them. run_training()
 // calls it first.
 void check_train_config(const TrainConfig& config, int world_size);
+
+// Fills in the transformer's architecture from a Hugging Face config.json:
+// config.model_config, or else config.init_from's when that is a model
+// directory (dtrain/hugging_face.h); nothing without either. Sets model
+// (gpt2, gpt or llama, as the file says; a different transformer in
+// config.model is an error), the sizes, positions, the normalisation's
+// epsilon, llama's kv_heads, ffn_dim, rope_theta and tie_embeddings, and
+// model_config_json. Throws std::invalid_argument naming the file and field
+// dtrain cannot build. run_training() calls it on its copy of the config.
+void apply_model_config(TrainConfig& config);
 
 // Throws std::invalid_argument naming --init-from unless config.init_from is
 // empty or a safetensors file that fits config's model (every parameter and

@@ -285,8 +285,7 @@ std::map<std::string, torch::Tensor> load_full_checkpoint(const std::string& dir
   return result;
 }
 
-size_t export_checkpoint_safetensors(const std::string& dir, const std::string& path,
-                                     const std::map<std::string, std::string>& metadata) {
+void read_checkpoint_tensors(const std::string& dir, const CheckpointTensorsVisitor& use) {
   const CheckpointManifest manifest = read_checkpoint_manifest(dir);
   verify_files(dir, manifest, nullptr);
   CheckpointReader reader(dir, manifest);
@@ -295,11 +294,19 @@ size_t export_checkpoint_safetensors(const std::string& dir, const std::string& 
     if (name.rfind("optim/", 0) == 0) continue;
     entries.push_back({name, dtype_by_name(dir, name, tensor.dtype), tensor.shape});
   }
-  save_safetensors_streamed(
-      path, entries,
-      [&](size_t i) { return reader.read(entries[i].name, 0, numel_of(entries[i].shape), entries[i].dtype).view(entries[i].shape); },
-      metadata);
-  return entries.size();
+  use(entries, [&](size_t i) {
+    return reader.read(entries[i].name, 0, numel_of(entries[i].shape), entries[i].dtype).view(entries[i].shape);
+  });
+}
+
+size_t export_checkpoint_safetensors(const std::string& dir, const std::string& path,
+                                     const std::map<std::string, std::string>& metadata) {
+  size_t written = 0;
+  read_checkpoint_tensors(dir, [&](const std::vector<SafetensorsEntry>& entries, const std::function<torch::Tensor(size_t)>& tensor_at) {
+    save_safetensors_streamed(path, entries, tensor_at, metadata);
+    written = entries.size();
+  });
+  return written;
 }
 
 }  // namespace dtrain

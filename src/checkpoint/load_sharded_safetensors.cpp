@@ -7,10 +7,12 @@
 
 #include <dtrain/checkpoint.h>
 #include <dtrain/fsdp.h>
+#include <dtrain/hugging_face.h>
 
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <filesystem>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -41,6 +43,9 @@ void check_fits(const detail::RankFileReader& reader, const std::vector<Target>&
 }  // namespace
 
 void load_safetensors_into(const HeldModel& held, const std::string& path) {
+  // A Hugging Face model directory: its names and layouts mapped to dtrain's.
+  if (hf::is_model_directory(path))
+    return hf::load_into(held, hf::read_config((std::filesystem::path(path) / "config.json").string()).model, path);
   torch::NoGradGuard no_grad;
   const detail::RankFileReader reader(path);
   std::vector<Target> targets;

@@ -24,6 +24,8 @@ void check_config(const GPTConfig& c) {
   if (c.n_embd % c.n_head != 0)
     throw std::invalid_argument("GPTConfig: n_head (" + std::to_string(c.n_head) + ") must divide n_embd (" +
                                 std::to_string(c.n_embd) + ")");
+  if (!(c.layer_norm_eps > 0.0))
+    throw std::invalid_argument("GPTConfig: layer_norm_eps must be positive, got " + std::to_string(c.layer_norm_eps));
   if (c.dropout < 0.0 || c.dropout >= 1.0)
     throw std::invalid_argument("GPTConfig: dropout must be in [0, 1), got " + std::to_string(c.dropout));
 }
@@ -42,8 +44,17 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
     blocks_->push_back(block_calls_.back());
   }
   ln_f_ = register_module(
-      "ln_f", deferred(torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{config_.n_embd}))));
+      "ln_f", gpt_layer_norm(config_));
   initialize_unless_deferred(*this);
+}
+
+torch::nn::LayerNorm gpt_layer_norm(const GPTConfig& config) {
+  return deferred(
+      torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{config.n_embd}).eps(config.layer_norm_eps)));
+}
+
+torch::Tensor gpt_activation(const GPTConfig& config, const torch::Tensor& x) {
+  return config.gelu_tanh ? torch::gelu(x, "tanh") : torch::gelu(x);
 }
 
 // GPT-2's initialisation. LibTorch's defaults (Kaiming-uniform Linear,

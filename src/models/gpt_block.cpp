@@ -6,9 +6,10 @@
 
 namespace dtrain::models {
 
-GPTBlockImpl::GPTBlockImpl(const GPTConfig& config) : n_head_(config.n_head), dropout_(config.dropout) {
+GPTBlockImpl::GPTBlockImpl(const GPTConfig& config)
+    : n_head_(config.n_head), dropout_(config.dropout), config_(config) {
   const int64_t C = config.n_embd;
-  auto layer_norm = [C] { return deferred(torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{C}))); };
+  auto layer_norm = [&config] { return gpt_layer_norm(config); };
   // Registered in forward order (see CNNImpl for why).
   ln_1_ = register_module("ln_1", layer_norm());
   qkv_ = register_module("qkv", deferred(torch::nn::Linear(C, 3 * C)));  // one matmul for q, k and v
@@ -31,7 +32,7 @@ torch::Tensor GPTBlockImpl::forward(torch::Tensor x) {
   y = y.transpose(1, 2).reshape({B, T, C});
   x = x + torch::dropout(attn_proj_->forward(y), dropout, is_training());
 
-  auto h = torch::gelu(mlp_fc_->forward(ln_2_->forward(x)));
+  auto h = gpt_activation(config_, mlp_fc_->forward(ln_2_->forward(x)));
   return x + torch::dropout(mlp_proj_->forward(h), dropout, is_training());
 }
 

@@ -44,7 +44,7 @@ GPTStageImpl::GPTStageImpl(const GPTConfig& config, int stage, int stages, int64
   }
   if (is_last()) {
     ln_f_ = register_module(
-        "ln_f", deferred(torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{config_.n_embd}))));
+        "ln_f", gpt_layer_norm(config_));
   }
   initialize_unless_deferred(*this);
 }

@@ -20,10 +20,10 @@ void check_tensor_parallel(const GPTConfig& config, int tp) {
 }
 
 TPGPTBlockImpl::TPGPTBlockImpl(const GPTConfig& config, CommPtr group)
-    : group_(group), local_heads_(config.n_head / group->size()), dropout_(config.dropout) {
+    : group_(group), local_heads_(config.n_head / group->size()), dropout_(config.dropout), config_(config) {
   check_tensor_parallel(config, group->size());
   const int64_t C = config.n_embd;
-  auto layer_norm = [C] { return deferred(torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{C}))); };
+  auto layer_norm = [&config] { return gpt_layer_norm(config); };
   // GPTBlock's names and order.
   ln_1_ = register_module("ln_1", layer_norm());
   qkv_ = register_module("qkv", deferred(tp::ColumnParallelLinear(C, 3 * C, group,
@@ -58,7 +58,7 @@ torch::Tensor TPGPTBlockImpl::forward(torch::Tensor x) {
   if (!sequence_parallel_) {
     const int64_t B = x.size(0), T = x.size(1);
     x = x + torch::dropout(attn_proj_->forward(attention(qkv_->forward(ln_1_->forward(x)), B, T)), dropout_, training);
-    auto h = torch::gelu(mlp_fc_->forward(ln_2_->forward(x)));
+    auto h = models::gpt_activation(config_, mlp_fc_->forward(ln_2_->forward(x)));
     return x + torch::dropout(mlp_proj_->forward(h), dropout_, training);
   }
   // x: this rank's sequence slice [B,T/tp,C]; attention and the MLP see whole sequences.
@@ -69,7 +69,7 @@ torch::Tensor TPGPTBlockImpl::forward(torch::Tensor x) {
   auto h = qkv_->forward_gathered(tp::gather_sequence(slice_norm(ln_1_, x), group_));
   x = x + models::dropout_of_slice(attn_proj_->forward_sequence_parallel(attention(h, B, T)), dropout_, training, whole,
                                    1, first);
-  h = torch::gelu(mlp_fc_->forward_gathered(tp::gather_sequence(slice_norm(ln_2_, x), group_)));
+  h = models::gpt_activation(config_, mlp_fc_->forward_gathered(tp::gather_sequence(slice_norm(ln_2_, x), group_)));
   return x + models::dropout_of_slice(mlp_proj_->forward_sequence_parallel(h), dropout_, training, whole, 1, first);
 }
 
@@ -85,7 +85,7 @@ TPGPTImpl::TPGPTImpl(const GPTConfig& config, CommPtr group, bool sequence_paral
     blocks_->push_back(block_calls_.back());
   }
   ln_f_ = register_module(
-      "ln_f", deferred(torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{config_.n_embd}))));
+      "ln_f", gpt_layer_norm(config_));
   initialize_unless_deferred(*this);
 }
 

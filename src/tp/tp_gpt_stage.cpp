@@ -26,7 +26,7 @@ TPGPTStageImpl::TPGPTStageImpl(const GPTConfig& config, CommPtr group, int stage
   }
   if (is_last()) {
     ln_f_ = register_module(
-        "ln_f", deferred(torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{config_.n_embd}))));
+        "ln_f", gpt_layer_norm(config_));
   }
   initialize_unless_deferred(*this);
 }

@@ -2,7 +2,9 @@
 // that can be known before any data is read or any rank starts.
 #include "dtrain/train.h"
 
+#include "dtrain/hugging_face.h"
 #include "dtrain/strategy_table.h"
+#include "train/model.h"
 #include "train/strategy.h"
 #include "train/training_data.h"
 
@@ -30,8 +32,9 @@ void check_data(const TrainConfig& c) {
   namespace fs = std::filesystem;
   const std::string path = train::text_path(c.data);
   if (c.data == "fashion-mnist") {
-    if (c.model == "gpt")
-      fail("--data fashion-mnist holds images, for --model mlp or cnn; --model gpt needs --data text:PATH");
+    if (train::is_language_model(c.model))
+      fail("--data fashion-mnist holds images, for --model mlp or cnn; --model " + c.model +
+           " needs --data text:PATH or tokens:PATH");
     if (!fs::is_directory(c.fashion_mnist_dir))
       fail("Fashion-MNIST is not installed in " + c.fashion_mnist_dir +
            " (Debian package dataset-fashion-mnist; scripts/setup installs it)");
@@ -39,7 +42,8 @@ void check_data(const TrainConfig& c) {
   }
   const std::string tokens = train::tokens_path(c.data);
   if (!tokens.empty()) {
-    if (c.model != "gpt") fail("--data tokens:PATH holds token ids, for --model gpt; --model " + c.model + " needs --data fashion-mnist");
+    if (!train::is_language_model(c.model))
+      fail("--data tokens:PATH holds token ids, for --model gpt, gpt2 or llama; --model " + c.model + " needs --data fashion-mnist");
     std::error_code error;
     if (!fs::exists(tokens, error)) fail("--data tokens:" + tokens + ": no such file or folder");
     if (c.samples > 0)
@@ -49,7 +53,8 @@ void check_data(const TrainConfig& c) {
   }
   if (c.token_dtype != "auto") fail("--token-dtype says how --data tokens:PATH stores its ids; --data " + c.data + " has none");
   if (path.empty()) fail("--data '" + c.data + "' is not one of: fashion-mnist, text:PATH (a text file or folder), tokens:PATH");
-  if (c.model != "gpt") fail("--data text:PATH is text, for --model gpt; --model " + c.model + " needs --data fashion-mnist");
+  if (!train::is_language_model(c.model))
+    fail("--data text:PATH is text, for --model gpt, gpt2 or llama; --model " + c.model + " needs --data fashion-mnist");
   if (c.vocab_size < 256)
     fail("--data text:PATH trains on bytes (ids 0-255): --vocab-size " + std::to_string(c.vocab_size) +
          " is too small (use 256)");
@@ -178,7 +183,9 @@ void check_tensor_parallel_flags(const TrainConfig& c, int world_size) {
     fail("--sequence-parallel splits tensor parallelism's activations along the sequence: it needs --tp N with N > 1");
   if (c.tp == 1) return;
   const std::string tp = "--tp " + std::to_string(c.tp);
-  if (c.model != "gpt") fail(tp + " splits the GPT's blocks: it needs --model gpt (got --model " + c.model + ")");
+  if (!train::is_gpt_family(c.model))
+    fail(tp + " splits the GPT's blocks: it needs --model gpt or gpt2 (got --model " + c.model +
+         (c.model == "llama" ? "; llama's tensor-parallel layers are not built yet)" : ")"));
   if (world_size % c.tp != 0)
     fail(tp + " does not divide the " + std::to_string(world_size) + " ranks (--nproc): the ranks form a (dp, tp) "
          "mesh with dp = ranks / tp");
@@ -211,7 +218,9 @@ void check_pipeline_flags(const TrainConfig& c, int world_size) {
     return;
   }
   const std::string pp = "--pp " + std::to_string(c.pp);
-  if (c.model != "gpt") fail(pp + " divides the GPT's blocks into stages: it needs --model gpt (got --model " + c.model + ")");
+  if (!train::is_gpt_family(c.model))
+    fail(pp + " divides the GPT's blocks into stages: it needs --model gpt or gpt2 (got --model " + c.model +
+         (c.model == "llama" ? "; llama's stages are not built yet)" : ")"));
   if (c.sequence_parallel)
     fail(pp + " with --sequence-parallel is not available yet (the stages send whole sequences)");
   if (world_size % (c.pp * c.tp) != 0)
@@ -240,6 +249,35 @@ void check_pipeline_flags(const TrainConfig& c, int world_size) {
          std::to_string(dp * c.microbatches) + ")");
 }
 
+// --model gpt, gpt2, llama: the sizes fit together.
+void check_transformer_flags(const TrainConfig& c) {
+  check_positive("--gpt-layers", c.gpt_layers);
+  check_positive("--gpt-dim", c.gpt_dim);
+  check_positive("--gpt-heads", c.gpt_heads);
+  check_positive("--seq-len", c.seq_len);
+  if (c.gpt_dim % c.gpt_heads != 0)
+    fail("--gpt-heads " + std::to_string(c.gpt_heads) + " must divide --gpt-dim " + std::to_string(c.gpt_dim));
+  if (c.positions > 0 && c.seq_len > c.positions)
+    fail("--seq-len " + std::to_string(c.seq_len) + " is longer than the model's context of " +
+         std::to_string(c.positions) + " positions" + (c.model_config.empty() && c.model_config_json.empty() ? "" : " (its config.json)") +
+         ": train on windows of at most " + std::to_string(c.positions));
+  if (!(c.norm_eps >= 0.0)) fail("the normalisation's epsilon must be positive");
+  if (c.model != "llama") {
+    if (c.kv_heads != 0 || c.ffn_dim != 0 || c.rope_theta != 10000.0 || c.tie_embeddings)
+      fail("--kv-heads, --ffn-dim, --rope-theta and --tie-embeddings describe --model llama, not --model " + c.model);
+    return;
+  }
+  if (c.kv_heads < 0 || c.ffn_dim < 0) fail("--kv-heads and --ffn-dim must be >= 0 (0: the default)");
+  const int64_t kv = c.kv_heads > 0 ? c.kv_heads : c.gpt_heads;
+  if (c.gpt_heads % kv != 0)
+    fail("--kv-heads " + std::to_string(kv) + " must divide --gpt-heads " + std::to_string(c.gpt_heads) +
+         " (each key/value head serves gpt-heads / kv-heads query heads)");
+  if ((c.gpt_dim / c.gpt_heads) % 2 != 0)
+    fail("llama's head width --gpt-dim / --gpt-heads = " + std::to_string(c.gpt_dim / c.gpt_heads) +
+         " must be even (rotary embeddings rotate pairs of features)");
+  if (!(c.rope_theta > 0.0)) fail("--rope-theta must be positive, got " + std::to_string(c.rope_theta));
+}
+
 }  // namespace
 
 void check_train_config(const TrainConfig& c, int world_size) {
@@ -247,25 +285,23 @@ void check_train_config(const TrainConfig& c, int world_size) {
   check_pipeline_flags(c, world_size);
   // The ranks that read data and run --strategy: the dp groups of the mesh.
   const int data_ranks = world_size / std::max(1, c.tp * c.pp);
-  if (!one_of(c.model, {"mlp", "cnn", "gpt"})) fail("--model '" + c.model + "' is not one of: mlp, cnn, gpt");
+  if (!one_of(c.model, {"mlp", "cnn", "gpt", "gpt2", "llama"}))
+    fail("--model '" + c.model + "' is not one of: mlp, cnn, gpt, gpt2, llama");
   if (c.model == "mlp") {
     if (c.mlp_hidden.empty()) fail("--mlp-hidden needs at least one width, e.g. 256,256");
     for (int64_t width : c.mlp_hidden) check_positive("--mlp-hidden widths", width);
   }
-  if (c.model == "gpt") {
-    check_positive("--gpt-layers", c.gpt_layers);
-    check_positive("--gpt-dim", c.gpt_dim);
-    check_positive("--gpt-heads", c.gpt_heads);
-    check_positive("--seq-len", c.seq_len);
-    if (c.gpt_dim % c.gpt_heads != 0)
-      fail("--gpt-heads " + std::to_string(c.gpt_heads) + " must divide --gpt-dim " + std::to_string(c.gpt_dim));
-  }
+  if (train::is_language_model(c.model)) check_transformer_flags(c);
   if (!(c.dropout >= 0.0 && c.dropout < 1.0)) fail("--dropout must be in [0, 1), got " + std::to_string(c.dropout));
   if (!c.init_from.empty()) {
     namespace fs = std::filesystem;
     std::error_code error;
     if (!fs::exists(c.init_from, error)) fail("--init-from " + c.init_from + ": no such file");
-    if (fs::is_directory(c.init_from, error)) fail("--init-from " + c.init_from + " is a folder; give a .safetensors file");
+    if (fs::is_directory(c.init_from, error) && !hf::is_model_directory(c.init_from))
+      fail("--init-from " + c.init_from + " is a folder without config.json; give a .safetensors file or a Hugging Face "
+           "model directory");
+    if (hf::is_model_directory(c.init_from) && !train::is_language_model(c.model))
+      fail("--init-from " + c.init_from + " is a Hugging Face model directory: it initialises --model gpt, gpt2 or llama");
   }
   check_data(c);
 

@@ -1,6 +1,8 @@
 #include "train/initial_weights.h"
 
+#include "checkpoint/held_state.h"
 #include "dtrain/checkpoint.h"
+#include "dtrain/hugging_face.h"
 #include "dtrain/train.h"
 #include "train/model.h"
 
@@ -11,6 +13,7 @@ namespace train {
 
 void load_initial_weights(torch::nn::Module& module, const std::string& path) {
   try {
+    if (hf::is_model_directory(path)) return load_safetensors_into(detail::held_by_module(module, nullptr), path);
     load_state_into(module, load_safetensors(path));
   } catch (const std::runtime_error& error) {
     throw std::invalid_argument(std::string("--init-from: ") + error.what());
@@ -29,6 +32,7 @@ void check_init_from(const TrainConfig& config) {
   whole.sequence_parallel = false;
   const train::Model model = train::build_model(whole, /*deferred=*/true);
   try {
+    if (hf::is_model_directory(config.init_from)) return hf::check_fits(*model.module, config.model, config.init_from);
     check_safetensors_fits(*model.module, config.init_from);
   } catch (const std::runtime_error& error) {
     throw std::invalid_argument(std::string("--init-from: ") + error.what());

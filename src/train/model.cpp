@@ -49,18 +49,21 @@ Model build_model(const TrainConfig& config, bool deferred, CommPtr tp_group) {
     set_module(model, models::MLP(config.mlp_hidden, config.dropout));
   } else if (config.model == "cnn") {
     set_module(model, models::CNN());
-  } else if (config.model == "gpt" && config.tp > 1) {
+  } else if (is_gpt_family(config.model) && config.tp > 1) {
     if (!tp_group || tp_group->size() != config.tp)
       throw std::invalid_argument("build_model: --tp " + std::to_string(config.tp) + " needs its tensor-parallel group");
     set_tensor_parallel(model, models::TPGPT(gpt_config(config), tp_group, config.sequence_parallel), tp_group);
     model.classification = false;
     model.parameters = models::GPTImpl::parameter_count(gpt_config(config));
     return model;
-  } else if (config.model == "gpt") {
+  } else if (is_gpt_family(config.model)) {
     set_module(model, models::GPT(gpt_config(config)));
     model.classification = false;
+  } else if (config.model == "llama") {
+    set_module(model, models::Llama(llama_config(config)));
+    model.classification = false;
   } else {
-    throw std::invalid_argument("--model '" + config.model + "' is not one of mlp, cnn, gpt");
+    throw std::invalid_argument("--model '" + config.model + "' is not one of mlp, cnn, gpt, gpt2, llama");
   }
   model.loss = per_sample_loss;
   model.full_logits = [](const torch::Tensor& logits) { return logits; };
@@ -107,15 +110,45 @@ Model build_stage(const TrainConfig& config, const DeviceMesh& mesh, bool deferr
   return model;
 }
 
+bool is_language_model(const std::string& model) { return model == "gpt" || model == "gpt2" || model == "llama"; }
+bool is_gpt_family(const std::string& model) { return model == "gpt" || model == "gpt2"; }
+
 models::GPTConfig gpt_config(const TrainConfig& config) {
   models::GPTConfig gpt;
-  gpt.seq_len = config.seq_len;
+  gpt.seq_len = config.positions > 0 ? config.positions : config.seq_len;
+  gpt.gelu_tanh = config.model == "gpt2";
+  if (config.norm_eps > 0) gpt.layer_norm_eps = config.norm_eps;
   gpt.n_layer = config.gpt_layers;
   gpt.n_embd = config.gpt_dim;
   gpt.n_head = config.gpt_heads;
   gpt.dropout = config.dropout;
   gpt.vocab_size = config.vocab_size;
   return gpt;
+}
+
+models::LlamaConfig llama_config(const TrainConfig& config) {
+  models::LlamaConfig llama;
+  llama.vocab_size = config.vocab_size;
+  llama.seq_len = config.positions > 0 ? config.positions : config.seq_len;
+  llama.n_layer = config.gpt_layers;
+  llama.dim = config.gpt_dim;
+  llama.n_head = config.gpt_heads;
+  llama.n_kv_head = config.kv_heads > 0 ? config.kv_heads : config.gpt_heads;
+  llama.ffn_dim = config.ffn_dim;
+  llama.rope_theta = config.rope_theta;
+  if (config.norm_eps > 0) llama.rms_norm_eps = config.norm_eps;
+  llama.tie_embeddings = config.tie_embeddings;
+  llama.dropout = config.dropout;
+  return llama;
+}
+
+hf::ModelConfig hf_model_config(const TrainConfig& config) {
+  hf::ModelConfig model;
+  model.model = config.model;
+  model.gpt = gpt_config(config);
+  model.llama = llama_config(config);
+  model.json = config.model_config_json;
+  return model;
 }
 
 torch::Tensor per_sample_loss(const torch::Tensor& logits, const torch::Tensor& targets) {

@@ -1,6 +1,8 @@
 // The model a training run builds (--model mlp|cnn|gpt) and its loss.
 #pragma once
 
+#include "dtrain/hugging_face.h"
+#include "dtrain/llama.h"
 #include "dtrain/models.h"
 #include "dtrain/train.h"
 
@@ -45,7 +47,7 @@ struct Model {
   std::shared_ptr<torch::nn::Module> whole;
   std::string tied_copy;
   int64_t parameters = 0;      // of the whole model (all tensor-parallel slices)
-  bool classification = true;  // mlp, cnn: logits [B,10]; gpt: logits [B,T,256] (under --tp: [B,T,256/tp])
+  bool classification = true;  // mlp, cnn: logits [B,10]; gpt, gpt2, llama: [B,T,vocab] (under --tp: [B,T,vocab/tp])
 };
 
 // Builds config.model from LibTorch's default generator: seed it first
@@ -71,8 +73,20 @@ Model build_stage(const TrainConfig& config, const DeviceMesh& mesh, bool deferr
 // builds it deferred.
 bool builds_deferred(const std::string& strategy);
 
-// The GPT that --gpt-layers, --gpt-dim, --gpt-heads, --seq-len, --dropout describe.
+// The GPT that --gpt-layers, --gpt-dim, --gpt-heads, --seq-len, --dropout
+// describe (gpt, gpt2; gpt2 with GPT-2's tanh GELU).
 models::GPTConfig gpt_config(const TrainConfig& config);
+// The Llama the same flags, --kv-heads, --ffn-dim, --rope-theta describe.
+models::LlamaConfig llama_config(const TrainConfig& config);
+// The model as config.json describes it (gpt, gpt2, llama), on the file the
+// run was configured from when there is one: checkpoints keep it for
+// `dtrain checkpoint export --format hf`.
+hf::ModelConfig hf_model_config(const TrainConfig& config);
+
+// gpt, gpt2, llama: models of token sequences (text and token data, samples).
+bool is_language_model(const std::string& model);
+// gpt, gpt2: the GPT's modules (tensor and pipeline parallelism split them).
+bool is_gpt_family(const std::string& model);
 
 // Cross-entropy per sample, float [B]: of the logits against the class
 // (classification), or the mean over a window's positions of each next

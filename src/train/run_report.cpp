@@ -1,6 +1,7 @@
 #include "train/run_report.h"
 
 #include "train/checkpointing.h"
+#include "train/model.h"
 #include "train/progress.h"
 #include "train/stragglers.h"
 
@@ -35,8 +36,13 @@ std::string describe_model(const TrainConfig& c) {
     text << "mlp (hidden";
     for (size_t i = 0; i < c.mlp_hidden.size(); ++i) text << (i == 0 ? " " : ",") << c.mlp_hidden[i];
     text << ")";
-  } else if (c.model == "gpt") {
-    text << "gpt (" << c.gpt_layers << (c.gpt_layers == 1 ? " layer" : " layers") << ", dim " << c.gpt_dim << ", " << c.gpt_heads << " heads, context "
+  } else if (c.model == "llama") {
+    const int64_t kv = c.kv_heads > 0 ? c.kv_heads : c.gpt_heads;
+    text << "llama (" << c.gpt_layers << (c.gpt_layers == 1 ? " layer" : " layers") << ", dim " << c.gpt_dim << ", "
+         << c.gpt_heads << " heads" << (kv != c.gpt_heads ? " sharing " + std::to_string(kv) + " key/value heads" : "")
+         << ", context " << c.seq_len << ", vocab " << c.vocab_size << ")";
+  } else if (c.model == "gpt" || c.model == "gpt2") {
+    text << c.model << " (" << c.gpt_layers << (c.gpt_layers == 1 ? " layer" : " layers") << ", dim " << c.gpt_dim << ", " << c.gpt_heads << " heads, context "
          << c.seq_len << (c.vocab_size != 256 ? ", vocab " + std::to_string(c.vocab_size) : std::string()) << ")";
   } else {
     text << c.model;
@@ -110,6 +116,8 @@ std::map<std::string, std::string> run_description(const TrainConfig& c, int64_t
                                                  {"seed", std::to_string(c.seed)},
                                                  {"total_steps", std::to_string(total)}};
   // For `dtrain checkpoint inspect`: the mesh it was saved on (any mesh loads it).
+  // The architecture as Hugging Face's config.json, for `dtrain checkpoint export --format hf`.
+  if (is_language_model(c.model)) description["hf_config"] = hf::config_json(hf_model_config(c), c.model_config_json);
   if (c.tp > 1) description["tp"] = std::to_string(c.tp) + (c.sequence_parallel ? " (sequence parallel)" : "");
   return description;
 }

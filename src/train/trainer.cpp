@@ -494,10 +494,12 @@ void DataParallelRun::print_summary(double train_seconds) const {
 
 TrainResult run_training(const TrainConfig& config, CommPtr world) {
   if (!world) throw std::invalid_argument("run_training: the communicator is null; pass the one dtrain::init() returned");
-  check_train_config(config, world->size());
+  TrainConfig resolved = config;
+  apply_model_config(resolved);  // a Hugging Face config.json's architecture
+  check_train_config(resolved, world->size());
   // The parameter server: its servers serve, its workers run the same StepLoop (step_loop.h).
-  if (train::is_parameter_server(config.strategy)) return train::run_parameter_server(config, world);
-  return DataParallelRun(config, std::move(world)).run();
+  if (train::is_parameter_server(resolved.strategy)) return train::run_parameter_server(resolved, world);
+  return DataParallelRun(resolved, std::move(world)).run();
 }
 
 }  // namespace dtrain

@@ -1,0 +1,302 @@
+// Hugging Face model directories (include/dtrain/hugging_face.h): their
+// tensors' names and layouts, loading them into what a rank holds, and
+// exporting a checkpoint to one.
+#include "checkpoint/held_state.h"
+#include "checkpoint/rank_file_reader.h"
+#include "checkpoint/state_fit.h"
+
+#include <dtrain/hugging_face.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+namespace dtrain::hf {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// GPT-2's Conv1D layers ([in, out] weights) and their dtrain names.
+const std::map<std::string, std::string>& gpt2_block_names() {
+  static const std::map<std::string, std::string> names{{"ln_1", "ln_1"},           {"attn.c_attn", "qkv"},
+                                                         {"attn.c_proj", "attn_proj"}, {"ln_2", "ln_2"},
+                                                         {"mlp.c_fc", "mlp_fc"},       {"mlp.c_proj", "mlp_proj"}};
+  return names;
+}
+
+bool is_gpt(const std::string& model) { return model == "gpt" || model == "gpt2"; }
+
+// A tensor a Hugging Face file may hold that is not a weight of the model.
+bool skipped(const std::string& model, const std::string& name, bool tied_llama) {
+  static const std::regex gpt2_buffers(R"((transformer\.)?h\.\d+\.attn\.(bias|masked_bias))");
+  static const std::regex rotary(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
+  if (is_gpt(model)) return name == "lm_head.weight" || std::regex_match(name, gpt2_buffers);
+  return std::regex_match(name, rotary) || (tied_llama && name == "lm_head.weight");
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream file(path);
+  if (!file) throw std::runtime_error(path.string() + ": cannot be read");
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// The directory's safetensors files and which holds each tensor.
+class ModelFiles {
+ public:
+  explicit ModelFiles(const std::string& dir) : dir_(dir) {
+    const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+    const fs::path single = fs::path(dir) / "model.safetensors";
+    if (fs::exists(index)) {
+      const json parsed = json::parse(read_text(index), nullptr, false);
+      if (!parsed.is_object() || !parsed.contains("weight_map") || !parsed["weight_map"].is_object())
+        throw std::runtime_error(index.string() + ": has no \"weight_map\" object");
+      for (const auto& [name, file] : parsed["weight_map"].items()) {
+        if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
+          throw std::runtime_error(index.string() + ": the file of '" + name + "' is not a file name in " + dir);
+        file_of_[name] = file.get<std::string>();
+      }
+      for (const auto& [name, file] : file_of_) reader(file);  // every shard's header read and checked
+      for (const auto& [file, opened] : readers_) {
+        for (const auto& entry : opened->header().tensors) {
+          const auto listed = file_of_.find(entry.name);
+          if (listed == file_of_.end() || listed->second != file) continue;
+          entries_.push_back({entry.name, entry.shape, detail::torch_dtype_of(entry.dtype)});
+        }
+      }
+      if (entries_.size() != file_of_.size()) {
+        for (const auto& [name, file] : file_of_) {
+          bool found = false;
+          for (const auto& entry : entries_) found = found || entry.name == name;
+          if (!found) throw std::runtime_error(index.string() + ": '" + name + "' is not in " + file + " as the index says");
+        }
+      }
+    } else if (fs::exists(single)) {
+      const auto& opened = reader("model.safetensors");
+      for (const auto& entry : opened.header().tensors) {
+        file_of_[entry.name] = "model.safetensors";
+        entries_.push_back({entry.name, entry.shape, detail::torch_dtype_of(entry.dtype)});
+      }
+    } else {
+      throw std::runtime_error(dir + " has neither model.safetensors nor model.safetensors.index.json (a Hugging Face "
+                               "model directory saved with save_pretrained(..., safe_serialization=True))");
+    }
+  }
+
+  const std::vector<detail::TensorSignature>& entries() const { return entries_; }
+  const detail::RankFileReader& reader_of(const std::string& name) { return reader(file_of_.at(name)); }
+
+ private:
+  const detail::RankFileReader& reader(const std::string& file) {
+    auto& slot = readers_[file];
+    if (!slot) slot = std::make_unique<detail::RankFileReader>((fs::path(dir_) / file).string());
+    return *slot;
+  }
+  std::string dir_;
+  std::map<std::string, std::string> file_of_;
+  std::map<std::string, std::unique_ptr<detail::RankFileReader>> readers_;
+  std::vector<detail::TensorSignature> entries_;
+};
+
+// What the model expects of the directory: each tensor under its Hugging
+// Face name, in Hugging Face's layout.
+struct Expected {
+  std::string hf;
+  bool transposed = false;
+  std::vector<int64_t> hf_shape;
+};
+
+Expected expected_of(const std::string& model, const std::string& name, const std::vector<int64_t>& shape,
+                     bool prefixed) {
+  Expected e;
+  e.hf = hf_name(model, name, &e.transposed);
+  if (is_gpt(model) && !prefixed) e.hf = e.hf.substr(std::string("transformer.").size());
+  e.hf_shape = shape;
+  if (e.transposed) std::swap(e.hf_shape[0], e.hf_shape[1]);
+  return e;
+}
+
+// Checks the directory against the model's tensors (name, shape, dtype),
+// all before anything is read; returns each tensor's expectation.
+std::vector<Expected> check_directory(ModelFiles& files, const std::string& model, const std::string& dir,
+                                      const std::vector<detail::TensorSignature>& tensors) {
+  // GPT-2 files name the body "transformer." (GPT2LMHeadModel) or not (GPT2Model, OpenAI's release).
+  bool prefixed = !is_gpt(model);
+  for (const auto& entry : files.entries()) prefixed = prefixed || entry.name.rfind("transformer.", 0) == 0;
+  bool tied = false;
+  for (const auto& tensor : tensors) tied = tied || tensor.name == "lm_head.weight";
+  tied = !tied;
+  std::vector<Expected> expected;
+  std::vector<detail::TensorSignature> model_side, file_side;
+  for (const auto& tensor : tensors) {
+    expected.push_back(expected_of(model, tensor.name, tensor.shape, prefixed));
+    model_side.push_back({expected.back().hf, expected.back().hf_shape, tensor.dtype});
+  }
+  for (const auto& entry : files.entries())
+    if (!skipped(model, entry.name, tied)) file_side.push_back(entry);
+  detail::check_state_fits(dir, model_side, file_side);
+  return expected;
+}
+
+// The whole tensor `e.hf` in dtrain's layout, in the file's dtype.
+torch::Tensor read_whole(ModelFiles& files, const Expected& e) {
+  const auto& reader = files.reader_of(e.hf);
+  torch::ScalarType dtype = torch::kFloat;
+  for (const auto& entry : files.entries())
+    if (entry.name == e.hf) dtype = entry.dtype;
+  auto whole = torch::empty(e.hf_shape, torch::TensorOptions().dtype(dtype));
+  reader.read(e.hf, 0, whole.view(-1));
+  return e.transposed ? whole.t().contiguous() : whole;
+}
+
+int64_t numel_of_shape(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Writes `text` to `path` through a temporary file renamed over it: a reader
+// sees the old file or the whole new one.
+void save_text_atomically(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
+    file << text;
+    file.flush();
+    if (!file) {
+      std::error_code ignored;
+      fs::remove(temporary, ignored);
+      throw std::runtime_error(path + ": cannot be written");
+    }
+  }
+  std::error_code error;
+  fs::rename(temporary, path, error);
+  if (error) throw std::runtime_error(path + ": cannot be written (" + error.message() + ")");
+}
+
+std::vector<detail::TensorSignature> signatures_of(const HeldModel& held) {
+  std::vector<detail::TensorSignature> tensors;
+  for (const auto& tensor : held.tensors) tensors.push_back({tensor.name, tensor.shape, tensor.flat.scalar_type()});
+  return tensors;
+}
+
+}  // namespace
+
+std::string hf_name(const std::string& model, const std::string& name, bool* transposed) {
+  if (transposed) *transposed = false;
+  if (model == "llama") return name == "lm_head.weight" ? name : "model." + name;
+  if (!is_gpt(model)) throw std::invalid_argument("--model " + model + " has no Hugging Face layout (gpt, gpt2, llama)");
+  static const std::regex block(R"(blocks\.(\d+)\.(\w+)\.(weight|bias))");
+  std::smatch match;
+  if (std::regex_match(name, match, block)) {
+    for (const auto& [hf, ours] : gpt2_block_names()) {
+      if (ours != match[2].str()) continue;
+      if (transposed) *transposed = match[3] == "weight" && hf.rfind("ln_", 0) != 0;
+      return "transformer.h." + match[1].str() + "." + hf + "." + match[3].str();
+    }
+  }
+  for (const char* top : {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"})
+    if (name == top) return "transformer." + name;
+  throw std::invalid_argument("'" + name + "' has no Hugging Face GPT-2 name");
+}
+
+void load_into(const HeldModel& held, const std::string& model, const std::string& dir) {
+  torch::NoGradGuard no_grad;
+  ModelFiles files(dir);
+  const std::vector<Expected> expected = check_directory(files, model, dir, signatures_of(held));
+  for (size_t i = 0; i < held.tensors.size(); ++i) {
+    const HeldTensor& tensor = held.tensors[i];
+    if (tensor.flat.numel() == 0) continue;
+    // One whole tensor at a time (a transposed one cannot be read piecewise):
+    // this rank's pieces are copied out of it.
+    const auto whole = read_whole(files, expected[i]).view(-1).to(tensor.flat.scalar_type());
+    for_each_range(detail::global_runs(tensor), [&](int64_t begin, int64_t end, int64_t position) {
+      tensor.flat.narrow(0, position, end - begin).copy_(whole.narrow(0, begin, end - begin));
+    });
+  }
+}
+
+void check_fits(const torch::nn::Module& module, const std::string& model, const std::string& dir) {
+  ModelFiles files(dir);
+  std::vector<detail::TensorSignature> tensors;
+  for (const auto& item : module.named_parameters(true))
+    tensors.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
+  check_directory(files, model, dir, tensors);
+}
+
+int export_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir, const ModelConfig& config,
+                      int64_t max_shard_bytes) {
+  if (max_shard_bytes < 1) throw std::invalid_argument("the largest shard must be at least 1 byte");
+  const std::string config_text = config_json(config, config.json);
+  std::error_code error;
+  fs::create_directories(out_dir, error);
+  if (error) throw std::runtime_error(out_dir + ": cannot be created (" + error.message() + ")");
+  int files_written = 0;
+  read_checkpoint_tensors(checkpoint_dir, [&](const std::vector<SafetensorsEntry>& entries,
+                                              const std::function<torch::Tensor(size_t)>& tensor_at) {
+    // Hugging Face's names and layouts, in the checkpoint's order, split
+    // into shards of at most max_shard_bytes (a larger tensor alone).
+    std::vector<SafetensorsEntry> renamed;
+    std::vector<bool> transposed;
+    for (const auto& entry : entries) {
+      bool t = false;
+      renamed.push_back({hf_name(config.model, entry.name, &t), entry.dtype, entry.shape});
+      if (t) std::swap(renamed.back().shape[0], renamed.back().shape[1]);
+      transposed.push_back(t);
+    }
+    std::vector<std::vector<size_t>> shards(1);
+    int64_t bytes = 0;
+    for (size_t i = 0; i < renamed.size(); ++i) {
+      const int64_t size = static_cast<int64_t>(c10::elementSize(renamed[i].dtype)) * numel_of_shape(renamed[i].shape);
+      if (!shards.back().empty() && bytes + size > max_shard_bytes) {
+        shards.emplace_back();
+        bytes = 0;
+      }
+      shards.back().push_back(i);
+      bytes += size;
+    }
+    const auto produce = [&](size_t i) {
+      auto tensor = tensor_at(i);
+      return transposed[i] ? tensor.t().contiguous() : tensor;
+    };
+    const std::map<std::string, std::string> metadata{{"format", "pt"}};
+    if (shards.size() == 1) {
+      save_safetensors_streamed((fs::path(out_dir) / "model.safetensors").string(), renamed, produce, metadata);
+      files_written = 1;
+      fs::remove(fs::path(out_dir) / "model.safetensors.index.json", error);
+      return;
+    }
+    json weight_map = json::object();
+    int64_t total = 0;
+    for (size_t s = 0; s < shards.size(); ++s) {
+      char file[64];
+      std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+      std::vector<SafetensorsEntry> part;
+      for (size_t i : shards[s]) {
+        part.push_back(renamed[i]);
+        weight_map[renamed[i].name] = file;
+        total += static_cast<int64_t>(c10::elementSize(renamed[i].dtype)) * numel_of_shape(renamed[i].shape);
+      }
+      save_safetensors_streamed((fs::path(out_dir) / file).string(), part,
+                                [&](size_t k) { return produce(shards[s][k]); }, metadata);
+    }
+    const json index{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    save_text_atomically((fs::path(out_dir) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+    fs::remove(fs::path(out_dir) / "model.safetensors", error);
+    files_written = static_cast<int>(shards.size()) + 1;
+  });
+  save_text_atomically((fs::path(out_dir) / "config.json").string(), config_text);
+  return files_written;
+}
+
+}  // namespace dtrain::hf
