@@ -18,7 +18,8 @@ tensor shows (LayerNorm weights are not all 1, biases not all 0).
 2. Training: `dtrain train --init-from DIR --strategy fsdp` on 2 ranks, 10
    AdamW steps on a token file in order (--shuffle false), gives each step's
    loss within 1e-4 of the same training in PyTorch from the same weights
-   and windows (AdamW, the cosine schedule dtrain logs).
+   and windows (AdamW, the cosine schedule dtrain logs); for GPT-2, so does
+   --tp 2 (each rank reading its slices of the transposed weights).
 3. Export: `dtrain checkpoint export --format hf` of the trained checkpoint
    loads in transformers (from_pretrained) and gives the logits dtrain
    computes from the same checkpoint in its own names (export without
@@ -151,31 +152,49 @@ def cosine(step):
     return lowest + (LR - lowest) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def dtrain_training(dtrain, folder, name, model_dir, data, parallel, checkpoints=None):
+    """Each step's (loss, lr) of STEPS AdamW steps from the model directory."""
+    metrics = os.path.join(folder, name + ".jsonl")
+    run([dtrain, "train", "--init-from", model_dir, "--data", "tokens:" + data] + parallel +
+        ["--steps", str(STEPS), "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--optimizer", "adamw",
+         "--lr", str(LR), "--weight-decay", str(WEIGHT_DECAY), "--shuffle", "false", "--log-every", "1",
+         "--eval-windows", "2", "--metrics", metrics] + (["--checkpoint-dir", checkpoints] if checkpoints else []))
+    records = [json.loads(line) for line in open(metrics)]
+    steps = [r for r in records if "loss" in r and "step" in r and not r.get("final")]
+    if len(steps) != STEPS:
+        fail("%s: %d step losses in %s, expected %d" % (name, len(steps), metrics, STEPS))
+    return [r["loss"] for r in steps], [r["lr"] for r in steps]
+
+
 def check_training(dtrain, hf_logits, folder, name, model, model_dir, probe):
     ids = token_stream(3000, 7)
     data = os.path.join(folder, "tokens.bin")
     with open(data, "wb") as f:
         f.write(struct.pack("<%dH" % len(ids), *ids))
-    metrics = os.path.join(folder, name + ".jsonl")
     checkpoints = os.path.join(folder, name + "-checkpoints")
-    run([dtrain, "train", "--init-from", model_dir, "--data", "tokens:" + data, "--strategy", "fsdp", "--nproc", "2",
-         "--steps", str(STEPS), "--batch-size", str(BATCH), "--seq-len", str(SEQ), "--optimizer", "adamw",
-         "--lr", str(LR), "--weight-decay", str(WEIGHT_DECAY), "--shuffle", "false", "--log-every", "1",
-         "--eval-windows", "2", "--metrics", metrics, "--checkpoint-dir", checkpoints])
-    records = [json.loads(line) for line in open(metrics)]
-    steps = [r for r in records if "loss" in r and "step" in r and not r.get("final")]
-    losses = [r["loss"] for r in steps]
-    if len(losses) != STEPS:
-        fail("%s: %d step losses in %s, expected %d" % (name, len(losses), metrics, STEPS))
+    losses, logged_lrs = dtrain_training(dtrain, folder, name, model_dir, data,
+                                         ["--strategy", "fsdp", "--nproc", "2"], checkpoints)
     lrs = [cosine(step) for step in range(STEPS)]
-    if any(abs(r["lr"] - lr) > 1e-12 for r, lr in zip(steps, lrs)):
-        fail("%s: dtrain's learning rates %s are not the schedule %s" % (name, [r["lr"] for r in steps], lrs))
+    if any(abs(logged - lr) > 1e-12 for logged, lr in zip(logged_lrs, lrs)):
+        fail("%s: dtrain's learning rates %s are not the schedule %s" % (name, logged_lrs, lrs))
+    # GPT-2 is the GPT's layout: tensor parallelism splits it too, each rank
+    # reading its slices of the directory's (transposed) weights.
+    tensor_parallel = None
+    if name == "gpt2":
+        tensor_parallel, _ = dtrain_training(dtrain, folder, name + "-tp", model_dir, data,
+                                             ["--strategy", "single", "--tp", "2", "--nproc", "2"])
     reference = python_training(model, ids, lrs)
     worst = max(abs(a - b) for a, b in zip(losses, reference))
     say("%s: FSDP on 2 ranks vs PyTorch, 10 AdamW steps: loss %.5f -> %.5f, worst difference %.2e" %
         (name, losses[0], losses[-1], worst))
     if worst > 1e-4:
         fail("%s: dtrain's losses %s differ from PyTorch's %s by %.2e (> 1e-4)" % (name, losses, reference, worst))
+    if tensor_parallel:
+        worst = max(abs(a - b) for a, b in zip(tensor_parallel, reference))
+        say("%s: --tp 2 vs PyTorch: worst difference %.2e" % (name, worst))
+        if worst > 1e-4:
+            fail("%s: --tp 2's losses %s differ from PyTorch's %s by %.2e (> 1e-4)" % (name, tensor_parallel, reference,
+                                                                                      worst))
 
     # Export the last checkpoint both ways; transformers loads the hf one.
     last = sorted(glob.glob(os.path.join(checkpoints, "*")))[-1]
