@@ -7,6 +7,7 @@
 #include "checkpoint.h"
 #include "launch.h"
 #include "plan.h"
+#include "tokenize.h"
 #include "relaunch.h"
 #include "trace.h"
 #include "train.h"
@@ -44,6 +45,8 @@ int main(int argc, char** argv) {
   dtrain::cli::BenchCheckpointOptions bench_checkpoint;
   auto* checkpoint_bench_cmd = dtrain::cli::add_bench_checkpoint_subcommand(*bench_cmd, bench_checkpoint);
 
+  dtrain::cli::TokenizeFlags tokenize_flags;
+  auto* tokenize_cmd = dtrain::cli::add_tokenize_subcommand(app, tokenize_flags);
   dtrain::cli::PlanFlags plan_flags;
   auto* plan_cmd = dtrain::cli::add_plan_subcommand(app, plan_flags);
 
@@ -94,6 +97,7 @@ int main(int argc, char** argv) {
       return dtrain::cli::bench_fsdp(bench_fsdp, words);
     }
     if (plan_cmd->parsed()) return dtrain::cli::plan_main(plan_flags);
+    if (tokenize_cmd->parsed()) return dtrain::cli::tokenize_main(tokenize_flags);
     if (trace_summary_cmd->parsed()) return dtrain::cli::trace_summary_main(trace_flags);
     if (checkpoint_cmds.inspect->parsed()) return dtrain::cli::checkpoint_inspect(checkpoint_flags);
     if (checkpoint_cmds.export_->parsed()) return dtrain::cli::checkpoint_export(checkpoint_flags);

@@ -8,6 +8,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/fsdp_compression.h"
 #include "dtrain/hugging_face.h"
+#include "dtrain/tokenizer.h"
 #include "dtrain/strategy_table.h"
 #include "dtrain/train.h"
 
@@ -276,6 +277,10 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
       ->check(kPositive)->capture_default_str();
   output->add_option("--samples", c.samples, "GPT: text samples generated at the end (0: none)")
       ->check(kNonNegative)->capture_default_str();
+  output->add_option("--tokenizer", c.tokenizer,
+                     "--data tokens:PATH: the SentencePiece model (dtrain tokenize's PREFIX.model) that decodes the "
+                     "samples; its vocabulary is --vocab-size's default")
+      ->check(CLI::ExistingFile);
   output->add_option("--log-every", c.log_every, "Progress and metrics lines every K steps")
       ->check(kPositive)->capture_default_str();
   output->add_option("--metrics", c.metrics_path, "Write metrics as JSON Lines to PATH (its folder must exist)");
@@ -312,7 +317,11 @@ void resolve_defaults(const CLI::App& app, TrainFlags& f) {
   const bool gpt = c.model == "gpt" || c.model == "gpt2" || c.model == "llama";
   if (!given(app, "--data")) c.data = gpt ? "text:/usr/share/games/fortunes" : "fashion-mnist";
   if (!given(app, "--batch-size")) c.batch_size = gpt ? 32 : 128;
-  if (!given(app, "--samples") && c.data.rfind("tokens:", 0) == 0) c.samples = 0;  // no tokenizer to decode them
+  // Token ids are samples only with a tokenizer to decode them.
+  if (!given(app, "--samples") && c.data.rfind("tokens:", 0) == 0 && c.tokenizer.empty()) c.samples = 0;
+  // The tokenizer's vocabulary, unless a flag or config.json says another.
+  if (!c.tokenizer.empty() && !given(app, "--vocab-size") && c.model_config_json.empty())
+    c.vocab_size = data::Tokenizer(c.tokenizer).vocab_size();
   if (!given(app, "--optimizer")) c.optimizer = gpt ? "adamw" : "sgd";
   const bool adamw = c.optimizer == "adamw";
   if (!given(app, "--lr")) c.lr = adamw ? 1e-3 : 0.05;

@@ -154,7 +154,10 @@ struct TrainConfig {
   // steps; unset: live when stdout is a terminal.
   std::optional<bool> live_progress;
   int64_t samples = 3;       // GPT: generated samples printed at the end
-  int64_t sample_bytes = 200;
+  int64_t sample_bytes = 200;  // new bytes per sample (new tokens, with a tokenizer)
+  // tokens:PATH: the SentencePiece model (dtrain tokenize) that decodes the
+  // samples; "" = none (then there are no samples of token ids).
+  std::string tokenizer;
   std::string sample_prompt = "The ";
 };
 

@@ -4,6 +4,7 @@
 
 #include "dtrain/hugging_face.h"
 #include "dtrain/strategy_table.h"
+#include "dtrain/tokenizer.h"
 #include "train/model.h"
 #include "train/strategy.h"
 #include "train/training_data.h"
@@ -46,10 +47,21 @@ void check_data(const TrainConfig& c) {
       fail("--data tokens:PATH holds token ids, for --model gpt, gpt2 or llama; --model " + c.model + " needs --data fashion-mnist");
     std::error_code error;
     if (!fs::exists(tokens, error)) fail("--data tokens:" + tokens + ": no such file or folder");
-    if (c.samples > 0)
+    if (c.samples > 0 && c.tokenizer.empty())
       fail("--samples " + std::to_string(c.samples) + " decodes bytes, and --data tokens:PATH holds token ids: "
-           "pass --samples 0 (a tokenizer to decode them is not available yet)");
+           "give the --tokenizer MODEL that made them (dtrain tokenize), or pass --samples 0");
+    if (!c.tokenizer.empty()) {
+      if (!fs::is_regular_file(c.tokenizer, error))
+        fail("--tokenizer " + c.tokenizer + ": no such file (a SentencePiece .model, e.g. from dtrain tokenize)");
+      if (const int64_t pieces = data::Tokenizer(c.tokenizer).vocab_size(); pieces > c.vocab_size)
+        fail("--tokenizer " + c.tokenizer + " has " + std::to_string(pieces) + " pieces, more than --vocab-size " +
+             std::to_string(c.vocab_size) + ": pass --vocab-size " + std::to_string(pieces) + " or more");
+    }
     return;
+  }
+  if (!c.tokenizer.empty()) {
+    fail("--tokenizer decodes token ids: it needs --data tokens:PATH (--data " + c.data + " is " +
+         (c.data == "fashion-mnist" ? "images)" : "bytes, decoded as they are)"));
   }
   if (c.token_dtype != "auto") fail("--token-dtype says how --data tokens:PATH stores its ids; --data " + c.data + " has none");
   if (path.empty()) fail("--data '" + c.data + "' is not one of: fashion-mnist, text:PATH (a text file or folder), tokens:PATH");

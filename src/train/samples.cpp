@@ -1,6 +1,7 @@
 #include "train/samples.h"
 
 #include "dtrain/sampling.h"
+#include "dtrain/tokenizer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/types.h>
@@ -12,6 +13,7 @@ std::vector<std::string> generate_samples(torch::nn::Module& model, int64_t seq_
                                           const std::function<torch::Tensor(const torch::Tensor&)>& forward) {
   std::vector<int64_t> prompt(options.prompt.begin(), options.prompt.end());
   for (auto& byte : prompt) byte &= 0xff;  // chars may be signed
+  if (options.tokenizer) prompt = options.tokenizer->encode(options.prompt);
   auto prompts = torch::tensor(prompt, torch::kLong).unsqueeze(0).repeat({options.count, 1});
   auto generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
   // Dropout off while sampling; training's mode comes back even if forward throws.
@@ -27,6 +29,15 @@ std::vector<std::string> generate_samples(torch::nn::Module& model, int64_t seq_
                     .contiguous();
   std::vector<std::string> samples;
   for (int64_t i = 0; i < options.count; ++i) {
+    if (options.tokenizer) {
+      // A model's vocabulary may be padded past the tokenizer's: such ids have no text.
+      const auto row = tokens[i].contiguous();
+      std::vector<int64_t> ids;
+      for (int64_t k = 0; k < row.numel(); ++k)
+        if (const int64_t id = row[k].item<int64_t>(); id < options.tokenizer->vocab_size()) ids.push_back(id);
+      samples.push_back(options.tokenizer->decode(ids));
+      continue;
+    }
     auto row = tokens[i].to(torch::kUInt8).contiguous();
     samples.emplace_back(reinterpret_cast<const char*>(row.data_ptr<uint8_t>()), static_cast<size_t>(row.numel()));
   }

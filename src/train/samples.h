@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+namespace dtrain::data {
+class Tokenizer;
+}
+
 namespace dtrain::train {
 
 struct SampleOptions {
@@ -16,6 +20,8 @@ struct SampleOptions {
   std::string prompt = "The ";  // every sample starts from it
   double temperature = 0.8;
   uint64_t seed = 0;
+  // Encodes the prompt and decodes the samples; nullptr: bytes (ids 0-255).
+  const data::Tokenizer* tokenizer = nullptr;
 };
 
 // `count` continuations of the prompt, prompt included, sampled from a

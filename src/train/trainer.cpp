@@ -12,6 +12,7 @@
 // every rank. A strategy must keep this contract: after backward, each rank's
 // gradients (or gradient shards) are the average over ranks of what each
 // rank's backward produced.
+#include "dtrain/tokenizer.h"
 #include "dtrain/train.h"
 
 #include "dtrain/data.h"
@@ -402,9 +403,12 @@ void DataParallelRun::finish(double train_seconds) {
     metrics_.write(train::eval_record(total_, *final_eval_));
   }
   if (!model_.classification && !stopped) {
+    std::optional<data::Tokenizer> tokenizer;
+    if (!config_.tokenizer.empty()) tokenizer.emplace(config_.tokenizer);
     result_.samples = train::generate_samples(
         *model_.module, config_.seq_len,
-        {.count = config_.samples, .bytes = config_.sample_bytes, .prompt = config_.sample_prompt, .seed = config_.seed},
+        {.count = config_.samples, .bytes = config_.sample_bytes, .prompt = config_.sample_prompt, .seed = config_.seed,
+         .tokenizer = tokenizer ? &*tokenizer : nullptr},
         [&](const torch::Tensor& tokens) {
           if (!pipeline_) return model_.full_logits(strategy_->forward(tokens));
           const int64_t n = tokens.size(0), t = tokens.size(1);
