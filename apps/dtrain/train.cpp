@@ -7,7 +7,6 @@
 
 #include "dtrain/comm.h"
 #include "dtrain/fsdp_compression.h"
-#include "dtrain/hugging_face.h"
 #include "dtrain/tokenizer.h"
 #include "dtrain/strategy_table.h"
 #include "dtrain/train.h"
@@ -294,16 +293,15 @@ bool given(const CLI::App& app, const std::string& flag) { return app.count(flag
 // A Hugging Face config.json (--model-config, or --init-from DIR's) gives
 // the transformer's architecture: the flags that would say it are refused.
 void resolve_model_config(const CLI::App& app, TrainConfig& c) {
-  const bool from_directory = c.model_config.empty() && !c.init_from.empty() && hf::is_model_directory(c.init_from);
-  if (c.model_config.empty() && !from_directory) return;
-  const std::string source = from_directory ? c.init_from + "/config.json" : c.model_config;
+  const std::string source = model_config_path(c);
+  if (source.empty()) return;
   for (const char* flag : {"--gpt-layers", "--gpt-dim", "--gpt-heads", "--vocab-size", "--kv-heads", "--ffn-dim",
                            "--rope-theta", "--tie-embeddings"}) {
     if (given(app, flag))
       throw std::invalid_argument(std::string(flag) + ": the architecture comes from " + source +
                                   "; leave the flag out (or edit the file)");
   }
-  if (given(app, "--model") && c.model != "gpt" && c.model != "gpt2" && c.model != "llama")
+  if (given(app, "--model") && !is_language_model(c.model))
     throw std::invalid_argument(source + " describes a transformer: --model " + c.model + " cannot be built from it");
   apply_model_config(c);
   // Windows as long as the model's context, up to the default's 128.
@@ -314,7 +312,7 @@ void resolve_model_config(const CLI::App& app, TrainConfig& c) {
 void resolve_defaults(const CLI::App& app, TrainFlags& f) {
   TrainConfig& c = f.config;
   resolve_model_config(app, c);
-  const bool gpt = c.model == "gpt" || c.model == "gpt2" || c.model == "llama";
+  const bool gpt = is_language_model(c.model);
   if (!given(app, "--data")) c.data = gpt ? "text:/usr/share/games/fortunes" : "fashion-mnist";
   if (!given(app, "--batch-size")) c.batch_size = gpt ? 32 : 128;
   // Token ids are samples only with a tokenizer to decode them.

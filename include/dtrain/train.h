@@ -219,6 +219,12 @@ void check_train_config(const TrainConfig& config, int world_size);
 // model_config_json. Throws std::invalid_argument naming the file and field
 // dtrain cannot build. run_training() calls it on its copy of the config.
 void apply_model_config(TrainConfig& config);
+// The config.json apply_model_config reads: config.model_config, else
+// config.init_from's when that is a model directory; "" for none.
+std::string model_config_path(const TrainConfig& config);
+// gpt, gpt2, llama: the transformers, which train on token sequences (text
+// and token data), write samples and may come from a config.json.
+bool is_language_model(const std::string& model);
 
 // Throws std::invalid_argument naming --init-from unless config.init_from is
 // empty or a safetensors file that fits config's model (every parameter and

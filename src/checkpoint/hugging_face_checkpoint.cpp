@@ -9,6 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <c10/util/accumulate.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -54,58 +57,57 @@ std::string read_text(const fs::path& path) {
 // The directory's safetensors files and which holds each tensor.
 class ModelFiles {
  public:
+  // A tensor of the directory: its file and its name, shape and dtype there.
+  struct Entry {
+    std::string file;
+    detail::TensorSignature signature;
+  };
+
   explicit ModelFiles(const std::string& dir) : dir_(dir) {
     const fs::path index = fs::path(dir) / "model.safetensors.index.json";
-    const fs::path single = fs::path(dir) / "model.safetensors";
     if (fs::exists(index)) {
       const json parsed = json::parse(read_text(index), nullptr, false);
       if (!parsed.is_object() || !parsed.contains("weight_map") || !parsed["weight_map"].is_object())
         throw std::runtime_error(index.string() + ": has no \"weight_map\" object");
+      std::map<std::string, std::string> listed;  // the index's name -> file
+      std::set<std::string> files;
       for (const auto& [name, file] : parsed["weight_map"].items()) {
         if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
           throw std::runtime_error(index.string() + ": the file of '" + name + "' is not a file name in " + dir);
-        file_of_[name] = file.get<std::string>();
+        listed[name] = file.get<std::string>();
+        files.insert(file.get<std::string>());
       }
-      for (const auto& [name, file] : file_of_) reader(file);  // every shard's header read and checked
-      for (const auto& [file, opened] : readers_) {
-        for (const auto& entry : opened->header().tensors) {
-          const auto listed = file_of_.find(entry.name);
-          if (listed == file_of_.end() || listed->second != file) continue;
-          entries_.push_back({entry.name, entry.shape, detail::torch_dtype_of(entry.dtype)});
-        }
+      // Every shard's header is read and checked; a tensor counts in the file the index names.
+      for (const auto& file : files) {
+        for (const auto& tensor : reader(file).header().tensors)
+          if (const auto it = listed.find(tensor.name); it != listed.end() && it->second == file) add(file, tensor);
       }
-      if (entries_.size() != file_of_.size()) {
-        for (const auto& [name, file] : file_of_) {
-          bool found = false;
-          for (const auto& entry : entries_) found = found || entry.name == name;
-          if (!found) throw std::runtime_error(index.string() + ": '" + name + "' is not in " + file + " as the index says");
-        }
-      }
-    } else if (fs::exists(single)) {
-      const auto& opened = reader("model.safetensors");
-      for (const auto& entry : opened.header().tensors) {
-        file_of_[entry.name] = "model.safetensors";
-        entries_.push_back({entry.name, entry.shape, detail::torch_dtype_of(entry.dtype)});
-      }
+      for (const auto& [name, file] : listed)
+        if (!entries_.count(name)) throw std::runtime_error(index.string() + ": '" + name + "' is not in " + file + " as the index says");
+    } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
+      for (const auto& tensor : reader("model.safetensors").header().tensors) add("model.safetensors", tensor);
     } else {
       throw std::runtime_error(dir + " has neither model.safetensors nor model.safetensors.index.json (a Hugging Face "
                                "model directory saved with save_pretrained(..., safe_serialization=True))");
     }
   }
 
-  const std::vector<detail::TensorSignature>& entries() const { return entries_; }
-  const detail::RankFileReader& reader_of(const std::string& name) { return reader(file_of_.at(name)); }
+  // By Hugging Face name.
+  const std::map<std::string, Entry>& entries() const { return entries_; }
+  const detail::RankFileReader& reader_of(const Entry& entry) { return reader(entry.file); }
 
  private:
+  void add(const std::string& file, const safetensors::TensorEntry& tensor) {
+    entries_[tensor.name] = {file, {tensor.name, tensor.shape, detail::torch_dtype_of(tensor.dtype)}};
+  }
   const detail::RankFileReader& reader(const std::string& file) {
     auto& slot = readers_[file];
     if (!slot) slot = std::make_unique<detail::RankFileReader>((fs::path(dir_) / file).string());
     return *slot;
   }
   std::string dir_;
-  std::map<std::string, std::string> file_of_;
   std::map<std::string, std::unique_ptr<detail::RankFileReader>> readers_;
-  std::vector<detail::TensorSignature> entries_;
+  std::map<std::string, Entry> entries_;
 };
 
 // What the model expects of the directory: each tensor under its Hugging
@@ -132,37 +134,27 @@ std::vector<Expected> check_directory(ModelFiles& files, const std::string& mode
                                       const std::vector<detail::TensorSignature>& tensors) {
   // GPT-2 files name the body "transformer." (GPT2LMHeadModel) or not (GPT2Model, OpenAI's release).
   bool prefixed = !is_gpt(model);
-  for (const auto& entry : files.entries()) prefixed = prefixed || entry.name.rfind("transformer.", 0) == 0;
-  bool tied = false;
-  for (const auto& tensor : tensors) tied = tied || tensor.name == "lm_head.weight";
-  tied = !tied;
+  for (const auto& [name, entry] : files.entries()) prefixed = prefixed || name.rfind("transformer.", 0) == 0;
+  const bool tied = std::none_of(tensors.begin(), tensors.end(),
+                                 [](const detail::TensorSignature& tensor) { return tensor.name == "lm_head.weight"; });
   std::vector<Expected> expected;
   std::vector<detail::TensorSignature> model_side, file_side;
   for (const auto& tensor : tensors) {
     expected.push_back(expected_of(model, tensor.name, tensor.shape, prefixed));
     model_side.push_back({expected.back().hf, expected.back().hf_shape, tensor.dtype});
   }
-  for (const auto& entry : files.entries())
-    if (!skipped(model, entry.name, tied)) file_side.push_back(entry);
+  for (const auto& [name, entry] : files.entries())
+    if (!skipped(model, name, tied)) file_side.push_back(entry.signature);
   detail::check_state_fits(dir, model_side, file_side);
   return expected;
 }
 
 // The whole tensor `e.hf` in dtrain's layout, in the file's dtype.
 torch::Tensor read_whole(ModelFiles& files, const Expected& e) {
-  const auto& reader = files.reader_of(e.hf);
-  torch::ScalarType dtype = torch::kFloat;
-  for (const auto& entry : files.entries())
-    if (entry.name == e.hf) dtype = entry.dtype;
-  auto whole = torch::empty(e.hf_shape, torch::TensorOptions().dtype(dtype));
-  reader.read(e.hf, 0, whole.view(-1));
+  const ModelFiles::Entry& entry = files.entries().at(e.hf);
+  auto whole = torch::empty(e.hf_shape, torch::TensorOptions().dtype(entry.signature.dtype));
+  files.reader_of(entry).read(e.hf, 0, whole.view(-1));
   return e.transposed ? whole.t().contiguous() : whole;
-}
-
-int64_t numel_of_shape(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
 }
 
 // Writes `text` to `path` through a temporary file renamed over it: a reader
@@ -255,9 +247,10 @@ int export_checkpoint(const std::string& checkpoint_dir, const std::string& out_
       transposed.push_back(t);
     }
     std::vector<std::vector<size_t>> shards(1);
-    int64_t bytes = 0;
+    int64_t bytes = 0, total = 0;
     for (size_t i = 0; i < renamed.size(); ++i) {
-      const int64_t size = static_cast<int64_t>(c10::elementSize(renamed[i].dtype)) * numel_of_shape(renamed[i].shape);
+      const int64_t size = static_cast<int64_t>(c10::elementSize(renamed[i].dtype)) * c10::multiply_integers(renamed[i].shape);
+      total += size;
       if (!shards.back().empty() && bytes + size > max_shard_bytes) {
         shards.emplace_back();
         bytes = 0;
@@ -277,7 +270,6 @@ int export_checkpoint(const std::string& checkpoint_dir, const std::string& out_
       return;
     }
     json weight_map = json::object();
-    int64_t total = 0;
     for (size_t s = 0; s < shards.size(); ++s) {
       char file[64];
       std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
@@ -285,7 +277,6 @@ int export_checkpoint(const std::string& checkpoint_dir, const std::string& out_
       for (size_t i : shards[s]) {
         part.push_back(renamed[i]);
         weight_map[renamed[i].name] = file;
-        total += static_cast<int64_t>(c10::elementSize(renamed[i].dtype)) * numel_of_shape(renamed[i].shape);
       }
       save_safetensors_streamed((fs::path(out_dir) / file).string(), part,
                                 [&](size_t k) { return produce(shards[s][k]); }, metadata);

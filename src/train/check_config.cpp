@@ -33,7 +33,7 @@ void check_data(const TrainConfig& c) {
   namespace fs = std::filesystem;
   const std::string path = train::text_path(c.data);
   if (c.data == "fashion-mnist") {
-    if (train::is_language_model(c.model))
+    if (is_language_model(c.model))
       fail("--data fashion-mnist holds images, for --model mlp or cnn; --model " + c.model +
            " needs --data text:PATH or tokens:PATH");
     if (!fs::is_directory(c.fashion_mnist_dir))
@@ -43,7 +43,7 @@ void check_data(const TrainConfig& c) {
   }
   const std::string tokens = train::tokens_path(c.data);
   if (!tokens.empty()) {
-    if (!train::is_language_model(c.model))
+    if (!is_language_model(c.model))
       fail("--data tokens:PATH holds token ids, for --model gpt, gpt2 or llama; --model " + c.model + " needs --data fashion-mnist");
     std::error_code error;
     if (!fs::exists(tokens, error)) fail("--data tokens:" + tokens + ": no such file or folder");
@@ -65,7 +65,7 @@ void check_data(const TrainConfig& c) {
   }
   if (c.token_dtype != "auto") fail("--token-dtype says how --data tokens:PATH stores its ids; --data " + c.data + " has none");
   if (path.empty()) fail("--data '" + c.data + "' is not one of: fashion-mnist, text:PATH (a text file or folder), tokens:PATH");
-  if (!train::is_language_model(c.model))
+  if (!is_language_model(c.model))
     fail("--data text:PATH is text, for --model gpt, gpt2 or llama; --model " + c.model + " needs --data fashion-mnist");
   if (c.vocab_size < 256)
     fail("--data text:PATH trains on bytes (ids 0-255): --vocab-size " + std::to_string(c.vocab_size) +
@@ -303,7 +303,7 @@ void check_train_config(const TrainConfig& c, int world_size) {
     if (c.mlp_hidden.empty()) fail("--mlp-hidden needs at least one width, e.g. 256,256");
     for (int64_t width : c.mlp_hidden) check_positive("--mlp-hidden widths", width);
   }
-  if (train::is_language_model(c.model)) check_transformer_flags(c);
+  if (is_language_model(c.model)) check_transformer_flags(c);
   if (!(c.dropout >= 0.0 && c.dropout < 1.0)) fail("--dropout must be in [0, 1), got " + std::to_string(c.dropout));
   if (!c.init_from.empty()) {
     namespace fs = std::filesystem;
@@ -312,7 +312,7 @@ void check_train_config(const TrainConfig& c, int world_size) {
     if (fs::is_directory(c.init_from, error) && !hf::is_model_directory(c.init_from))
       fail("--init-from " + c.init_from + " is a folder without config.json; give a .safetensors file or a Hugging Face "
            "model directory");
-    if (hf::is_model_directory(c.init_from) && !train::is_language_model(c.model))
+    if (hf::is_model_directory(c.init_from) && !is_language_model(c.model))
       fail("--init-from " + c.init_from + " is a Hugging Face model directory: it initialises --model gpt, gpt2 or llama");
   }
   check_data(c);

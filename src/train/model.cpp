@@ -110,7 +110,6 @@ Model build_stage(const TrainConfig& config, const DeviceMesh& mesh, bool deferr
   return model;
 }
 
-bool is_language_model(const std::string& model) { return model == "gpt" || model == "gpt2" || model == "llama"; }
 bool is_gpt_family(const std::string& model) { return model == "gpt" || model == "gpt2"; }
 
 models::GPTConfig gpt_config(const TrainConfig& config) {

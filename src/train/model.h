@@ -83,8 +83,6 @@ models::LlamaConfig llama_config(const TrainConfig& config);
 // `dtrain checkpoint export --format hf`.
 hf::ModelConfig hf_model_config(const TrainConfig& config);
 
-// gpt, gpt2, llama: models of token sequences (text and token data, samples).
-bool is_language_model(const std::string& model);
 // gpt, gpt2: the GPT's modules (tensor and pipeline parallelism split them).
 bool is_gpt_family(const std::string& model);
 

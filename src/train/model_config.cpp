@@ -8,14 +8,20 @@
 
 namespace dtrain {
 
+bool is_language_model(const std::string& model) { return model == "gpt" || model == "gpt2" || model == "llama"; }
+
+std::string model_config_path(const TrainConfig& config) {
+  if (!config.model_config.empty()) return config.model_config;
+  if (!config.init_from.empty() && hf::is_model_directory(config.init_from))
+    return (std::filesystem::path(config.init_from) / "config.json").string();
+  return "";
+}
+
 void apply_model_config(TrainConfig& config) {
-  std::string path = config.model_config;
-  if (path.empty() && !config.init_from.empty() && hf::is_model_directory(config.init_from))
-    path = (std::filesystem::path(config.init_from) / "config.json").string();
+  const std::string path = model_config_path(config);
   if (path.empty()) return;
   const hf::ModelConfig hf = hf::read_config(path);
-  const bool transformer = config.model == "gpt" || config.model == "gpt2" || config.model == "llama";
-  if (transformer && config.model != hf.model) {
+  if (is_language_model(config.model) && config.model != hf.model) {
     const std::string why = hf.model == "gpt" && config.model == "gpt2"
                                 ? " (GPT-2's layout with the exact GELU, activation_function \"gelu\": dtrain's own GPT)"
                                 : "";

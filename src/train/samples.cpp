@@ -31,10 +31,10 @@ std::vector<std::string> generate_samples(torch::nn::Module& model, int64_t seq_
   for (int64_t i = 0; i < options.count; ++i) {
     if (options.tokenizer) {
       // A model's vocabulary may be padded past the tokenizer's: such ids have no text.
-      const auto row = tokens[i].contiguous();
+      const auto row = tokens[i].to(torch::kLong).contiguous();
       std::vector<int64_t> ids;
-      for (int64_t k = 0; k < row.numel(); ++k)
-        if (const int64_t id = row[k].item<int64_t>(); id < options.tokenizer->vocab_size()) ids.push_back(id);
+      for (const int64_t* id = row.data_ptr<int64_t>(); id != row.data_ptr<int64_t>() + row.numel(); ++id)
+        if (*id < options.tokenizer->vocab_size()) ids.push_back(*id);
       samples.push_back(options.tokenizer->decode(ids));
       continue;
     }
