@@ -137,9 +137,10 @@ Resolved resolve(const PlanFlags& f) {
     throw std::invalid_argument("--hybrid-group-size applies to --strategy hsdp only, not " + f.strategy);
   }
   const bool bf16 = f.mixed_precision == "bf16";
-  if (bf16 && !strategy_info(f.strategy).bf16)
-    throw std::invalid_argument("--mixed-precision bf16 is not available with --strategy " + f.strategy +
-                                ": DDP trains in fp32 (use --mixed-precision none, or a sharded strategy)");
+  if (bf16 && strategy_info(f.strategy).engine != StrategyEngine::FSDP)
+    throw std::invalid_argument("dtrain plan --mixed-precision bf16 models the sharded strategies only; --strategy " +
+                                f.strategy + "'s bf16 compute copies are not in its model yet (plan it with "
+                                "--mixed-precision none, or a sharded strategy)");
   // bf16 compute and all-gathers; gradients reduced in fp32 onto fp32 master shards.
   r.options.fsdp.mixed_precision.param_dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
   r.options.fsdp.mixed_precision.reduce_dtype = torch::kFloat32;

@@ -16,6 +16,7 @@
 #include <dtrain/comm.h>
 #include <dtrain/grad_norm.h>
 #include <dtrain/comm_hooks.h>
+#include <dtrain/mixed_precision.h>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -23,6 +24,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,6 +63,13 @@ struct DDPOptions {
   bool broadcast_buffers = true;
   // How buckets are averaged (dtrain/comm_hooks.h); null = plain all-reduce.
   CommHookPtr comm_hook{};
+  // Compute in mixed_precision->param_dtype (e.g. bf16) while the module's
+  // parameters, the optimizer and checkpoints keep fp32 master weights;
+  // buckets hold and reduce reduce_dtype (fp32 by default, so the average
+  // is exact to fp32; bf16 halves the traffic). Forward's floating outputs
+  // come back in output_dtype. Unset: everything in the parameters' dtype.
+  // See Note [DDP mixed precision] in src/ddp/compute_copies.h.
+  std::optional<MixedPrecision> mixed_precision{};
 };
 
 // What the last synchronised backward pass cost.
@@ -71,8 +81,9 @@ struct DDPStepStats {
 };
 
 namespace detail {
+class ComputeCopies;
 class Reducer;
-}
+}  // namespace detail
 
 // The engine, independent of the module's type. Use DistributedDataParallel.
 class DistributedDataParallelBase {
@@ -82,8 +93,15 @@ class DistributedDataParallelBase {
   DistributedDataParallelBase(DistributedDataParallelBase&&) noexcept;
   DistributedDataParallelBase& operator=(DistributedDataParallelBase&&) noexcept;
 
-  // Called by forward: broadcasts buffers from rank 0 (broadcast_buffers).
+  // Called by forward: broadcasts buffers from rank 0 (broadcast_buffers)
+  // and, with mixed precision, points the parameters at their compute copies.
   void before_forward();
+  // Mixed precision: a floating input cast to param_dtype (else as it is).
+  torch::Tensor compute_input(const torch::Tensor& input) const;
+  // Called by forward on its result: a floating output cast to output_dtype
+  // and, when no backward can follow (grad mode off), the master weights
+  // back in the module at once. Without mixed precision: `output`.
+  torch::Tensor finish_forward(const torch::Tensor& output);
 
   // While a guard lives, backward passes only accumulate local gradients;
   // the next backward outside a guard averages the accumulated sums.
@@ -111,6 +129,7 @@ class DistributedDataParallelBase {
   std::shared_ptr<torch::nn::Module> module_;
   CommPtr comm_;
   DDPOptions options_;
+  std::unique_ptr<detail::ComputeCopies> compute_copies_;  // mixed precision; outlives the reducer
   std::unique_ptr<detail::Reducer> reducer_;
 };
 
@@ -126,7 +145,12 @@ class DistributedDataParallel : public DistributedDataParallelBase {
   template <class... Args>
   auto operator()(Args&&... args) {
     before_forward();
-    return module_->forward(std::forward<Args>(args)...);
+    auto output = module_->forward(as_compute_input(std::forward<Args>(args))...);
+    if constexpr (std::is_same_v<decltype(output), torch::Tensor>) {
+      return finish_forward(output);
+    } else {
+      return output;
+    }
   }
 
   ModuleHolder& module() { return module_; }
@@ -139,6 +163,15 @@ class DistributedDataParallel : public DistributedDataParallelBase {
   template <class M>
   static std::shared_ptr<torch::nn::Module> as_module_ptr(const std::shared_ptr<M>& module) {
     return module;
+  }
+
+  template <class Arg>
+  decltype(auto) as_compute_input(Arg&& arg) const {
+    if constexpr (std::is_same_v<std::decay_t<Arg>, torch::Tensor>) {
+      return compute_input(arg);
+    } else {
+      return std::forward<Arg>(arg);
+    }
   }
 
   ModuleHolder module_;

@@ -16,6 +16,7 @@
 
 #include <dtrain/comm.h>
 #include <dtrain/fsdp_compression.h>
+#include <dtrain/mixed_precision.h>
 #include <dtrain/sharding.h>
 
 #include <torch/nn/module.h>
@@ -27,6 +28,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -39,17 +41,6 @@ enum class BackwardPrefetch {
   None,
   Pre,   // issue the next unit's all-gather before this unit's gradient computation
   Post,  // ... after it (less memory in flight, less overlap)
-};
-
-struct MixedPrecision {
-  // dtype of the gathered parameters: forward and backward compute in it,
-  // and the all-gather moves it. The shards the optimizer updates stay in
-  // the parameters' own dtype (fp32 master weights).
-  torch::ScalarType param_dtype = torch::kFloat32;
-  // dtype in which gradients are reduce-scattered / all-reduced.
-  torch::ScalarType reduce_dtype = torch::kFloat32;
-  // Floating outputs of the root forward are cast to this dtype.
-  torch::ScalarType output_dtype = torch::kFloat32;
 };
 
 // Which submodules become units (one all-gather and one reduce-scatter
@@ -73,6 +64,12 @@ struct FSDPOptions {
   int hybrid_group_size = 0;
   WrapPolicy wrap{};
   MixedPrecision mixed_precision{};
+  // Where the shards (and so the gathered parameters, gradients and
+  // optimizer state) live; unset: the parameters' own device. A model built
+  // on the host (deferred or not) moves to a GPU this way a piece at a time:
+  // each rank's GPU only ever holds its shards and the units in use.
+  // Buffers are not moved (move them with the module's to() after wrapping).
+  std::optional<torch::Device> device{};
   bool forward_prefetch = true;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::Pre;
   // All-gathers issued ahead and not yet consumed (bounds prefetch memory).

@@ -16,9 +16,9 @@ const std::vector<StrategyInfo>& strategy_table() {
   static const std::vector<StrategyInfo> table = [] {
     std::vector<StrategyInfo> rows;
     rows.push_back({.name = "single", .description = "one process, the whole model", .engine = StrategyEngine::SingleProcess,
-                    .multi_rank = false});
+                    .multi_rank = false, .bf16 = true});
     rows.push_back({.name = "ddp", .description = "a full replica per rank, gradients all-reduced during backward",
-                    .engine = StrategyEngine::DDP, .compression = true, .balance = true, .planned = true,
+                    .engine = StrategyEngine::DDP, .compression = true, .bf16 = true, .balance = true, .planned = true,
                     .aliases = {"none"}});
     auto sharded = [](const char* name, const char* description, Sharding sharding, std::vector<const char*> aliases) {
       return StrategyInfo{.name = name, .description = description, .engine = StrategyEngine::FSDP,

@@ -13,7 +13,7 @@ std::vector<std::vector<int>> BucketSet::assignment() const {
 }
 
 BucketSet build_buckets(const std::vector<std::vector<int>>& assignment, const std::vector<torch::Tensor>& parameters,
-                        const std::vector<std::string>& names) {
+                        const std::vector<std::string>& names, std::optional<c10::ScalarType> dtype) {
   BucketSet set;
   set.slots.resize(parameters.size());
   for (const auto& members : assignment) {
@@ -21,7 +21,9 @@ BucketSet build_buckets(const std::vector<std::vector<int>>& assignment, const s
     bucket.grads.index = static_cast<int>(set.buckets.size());
     int64_t total = 0;
     for (int p : members) total += parameters[p].numel();
-    bucket.grads.buffer = torch::zeros({total}, parameters[members.front()].options().requires_grad(false));
+    auto options = parameters[members.front()].options().requires_grad(false);
+    if (dtype) options = options.dtype(*dtype);
+    bucket.grads.buffer = torch::zeros({total}, options);
     int64_t offset = 0;
     for (size_t position = 0; position < members.size(); ++position) {
       const auto& param = parameters[members[position]];

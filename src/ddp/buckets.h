@@ -8,6 +8,7 @@
 #include <torch/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,9 +41,10 @@ struct BucketSet {
   std::vector<std::vector<int>> assignment() const;
 };
 
-// Zeroed buckets for `assignment` (launch order, members in slot order).
+// Zeroed buckets for `assignment` (launch order, members in slot order),
+// in the parameters' dtype or, when given, in `dtype` (DDP's reduce_dtype).
 BucketSet build_buckets(const std::vector<std::vector<int>>& assignment, const std::vector<torch::Tensor>& parameters,
-                        const std::vector<std::string>& names);
+                        const std::vector<std::string>& names, std::optional<c10::ScalarType> dtype = std::nullopt);
 
 // Moves every slot's contents from `from` into `to` and re-points each
 // gradient that was a view of its old slot to its new one, so a rebuild is

@@ -1,8 +1,11 @@
+#include "ddp/compute_copies.h"
 #include "ddp/reducer.h"
 #include "comm/replicas.h"
 
 #include <dtrain/ddp.h>
 #include <dtrain/deferred_init.h>
+
+#include <c10/core/GradMode.h>
 
 #include <stdexcept>
 
@@ -52,7 +55,12 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   // A replica needs the whole model: a deferred one is built here in full.
   if (has_deferred_storage(*module_)) materialize(*module_);
   detail::broadcast_from_rank0(*comm_, values);
-  reducer_ = std::make_unique<detail::Reducer>(std::move(trained_names), std::move(trained), comm_, options_);
+  if (options_.mixed_precision) {
+    compute_copies_ = std::make_unique<detail::ComputeCopies>(module_->parameters(/*recurse=*/true),
+                                                              options_.mixed_precision->param_dtype);
+  }
+  reducer_ = std::make_unique<detail::Reducer>(std::move(trained_names), std::move(trained), comm_, options_,
+                                               compute_copies_.get());
 }
 
 DistributedDataParallelBase::~DistributedDataParallelBase() = default;
@@ -60,9 +68,24 @@ DistributedDataParallelBase::DistributedDataParallelBase(DistributedDataParallel
 DistributedDataParallelBase& DistributedDataParallelBase::operator=(DistributedDataParallelBase&&) noexcept = default;
 
 void DistributedDataParallelBase::before_forward() {
-  if (!options_.broadcast_buffers || comm_->size() == 1) return;
-  std::vector<torch::Tensor> buffers = module_->buffers(/*recurse=*/true);
-  detail::broadcast_from_rank0(*comm_, buffers);
+  if (options_.broadcast_buffers && comm_->size() > 1) {
+    std::vector<torch::Tensor> buffers = module_->buffers(/*recurse=*/true);
+    detail::broadcast_from_rank0(*comm_, buffers);
+  }
+  if (compute_copies_) compute_copies_->swap_in();
+}
+
+torch::Tensor DistributedDataParallelBase::compute_input(const torch::Tensor& input) const {
+  if (!compute_copies_ || !input.defined() || !input.is_floating_point()) return input;
+  return input.to(compute_copies_->dtype());
+}
+
+torch::Tensor DistributedDataParallelBase::finish_forward(const torch::Tensor& output) {
+  if (!compute_copies_) return output;
+  if (!c10::GradMode::is_enabled()) compute_copies_->swap_out();
+  const auto dtype = options_.mixed_precision->output_dtype;
+  if (!output.defined() || !output.is_floating_point() || output.scalar_type() == dtype) return output;
+  return output.to(dtype);
 }
 
 DistributedDataParallelBase::NoSyncGuard::NoSyncGuard(DistributedDataParallelBase& ddp)

@@ -42,16 +42,18 @@ std::string list_names(const std::vector<std::string>& names, size_t shown) {
 }  // namespace
 
 Reducer::Reducer(std::vector<std::string> names, std::vector<torch::Tensor> parameters, CommPtr comm,
-                 const DDPOptions& options)
+                 const DDPOptions& options, ComputeCopies* compute_copies)
     : names_(std::move(names)),
       parameters_(std::move(parameters)),
       comm_(std::move(comm)),
       options_(options),
-      hook_(options.comm_hook ? options.comm_hook : hooks::allreduce()) {
+      hook_(options.comm_hook ? options.comm_hook : hooks::allreduce()),
+      compute_copies_(compute_copies) {
+  if (options_.mixed_precision) bucket_dtype_ = options_.mixed_precision->reduce_dtype;
   const auto order = reverse_registration_order(parameters_.size());
   buckets_ = build_buckets(
       assign_buckets(parameters_, order, options_.bucket_cap_bytes, options_.first_bucket_cap_bytes), parameters_,
-      names_);
+      names_, bucket_dtype_);
   for (const auto& param : parameters_) viewable_.push_back(options_.gradient_as_bucket_view && param.is_contiguous());
   buckets_rebuilt_ = !options_.rebuild_buckets;
   reset_iteration();
@@ -140,7 +142,11 @@ void Reducer::mark_ready(int parameter, bool used) {
     const int p = bucket.members[position];
     auto& grad = parameters_[p].mutable_grad();
     const auto& slot = bucket.grads.gradients[position];
-    if (viewable_[p] && can_be_slot(grad, slot)) grad = slot;
+    if (viewable_[p] && can_be_slot(grad, slot)) {
+      grad = slot;
+    } else if (compute_copies_ && compute_copies_->swapped()) {
+      grad = torch::Tensor();  // a compute-dtype gradient, now in the bucket: swap_out would drop it anyway
+    }
   }
   launch_complete_buckets();
 }
@@ -198,7 +204,10 @@ void Reducer::finalize_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   struct ResetOnExit {
     Reducer* self;
-    ~ResetOnExit() { self->reset_iteration(); }
+    ~ResetOnExit() {
+      if (self->compute_copies_) self->compute_copies_->swap_out();  // also when the pass failed
+      self->reset_iteration();
+    }
   } reset{this};
 
   account_for_missing_gradients();
@@ -215,6 +224,8 @@ void Reducer::finalize_backward() {
   }
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
 
+  // The masters come back before the averages become their .grad.
+  if (compute_copies_) compute_copies_->swap_out();
   write_back_gradients(used_anywhere);
   if (!buckets_rebuilt_) rebuild_buckets_in_gradient_order();
   ++iteration_;
@@ -243,13 +254,16 @@ void Reducer::write_back_gradients(const torch::Tensor& used_anywhere) {
     }
     const auto& slot = buckets_.slot(static_cast<int>(i));
     if (is_view_of(grad, slot)) continue;
-    if (viewable_[i] && (!grad.defined() || can_be_slot(grad, slot))) {
+    // A bucket in another dtype than the parameter (mixed precision's
+    // reduce_dtype) cannot be its .grad: the average is cast into one.
+    const bool same_dtype = slot.scalar_type() == parameters_[i].scalar_type();
+    if (viewable_[i] && same_dtype && (!grad.defined() || can_be_slot(grad, slot))) {
       grad = slot;
     } else if (grad.defined()) {
       copy_to.push_back(grad);
       copy_from.push_back(slot);
     } else {
-      grad = slot.clone();
+      grad = slot.to(parameters_[i].scalar_type(), /*non_blocking=*/false, /*copy=*/true);
     }
   }
   copy_all(copy_to, copy_from);
@@ -262,7 +276,7 @@ void Reducer::rebuild_buckets_in_gradient_order() {
   const auto assignment =
       assign_buckets(parameters_, order, options_.bucket_cap_bytes, options_.first_bucket_cap_bytes);
   if (assignment == buckets_.assignment()) return;
-  auto rebuilt = build_buckets(assignment, parameters_, names_);
+  auto rebuilt = build_buckets(assignment, parameters_, names_, bucket_dtype_);
   carry_over(buckets_, rebuilt, parameters_);
   buckets_ = std::move(rebuilt);
 }

@@ -41,11 +41,13 @@
 #include <dtrain/ddp.h>
 
 #include "ddp/buckets.h"
+#include "ddp/compute_copies.h"
 
 #include <torch/types.h>
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,8 +55,10 @@ namespace dtrain::detail {
 
 class Reducer {
  public:
+  // `compute_copies` (mixed precision; null without): swapped back to the
+  // masters when a synchronised backward ends (Note [DDP mixed precision]).
   Reducer(std::vector<std::string> names, std::vector<torch::Tensor> parameters, CommPtr comm,
-          const DDPOptions& options);
+          const DDPOptions& options, ComputeCopies* compute_copies = nullptr);
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -86,6 +90,9 @@ class Reducer {
   CommPtr comm_;
   DDPOptions options_;
   CommHookPtr hook_;
+  ComputeCopies* compute_copies_;
+  // The buckets' dtype: mixed precision's reduce_dtype; unset: each bucket's parameters'.
+  std::optional<c10::ScalarType> bucket_dtype_;
   BucketSet buckets_;
   // Per parameter: .grad may be its bucket slot (gradient_as_bucket_view and
   // a contiguous parameter, whose gradient AccumulateGrad makes contiguous).

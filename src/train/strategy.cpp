@@ -125,13 +125,13 @@ class SingleProcess final : public Strategy {
 // A full replica per rank; gradients averaged by DDP during backward.
 class DataParallel final : public Strategy {
  public:
-  DataParallel(Model& model, CommPtr world, DDPOptions options)
-      : model_(model), world_(world), ddp_(model.module, std::move(world), std::move(options)) {}
-  std::string name() const override { return "ddp"; }
+  DataParallel(Model& model, CommPtr world, DDPOptions options, std::string name)
+      : model_(model), world_(world), ddp_(model.module, std::move(world), std::move(options)), name_(std::move(name)) {}
+  std::string name() const override { return name_; }
   double last_backward_wait_s() const override { return ddp_.last_step().exposed_comm_s; }
   torch::Tensor forward(const torch::Tensor& inputs) override {
     ddp_.before_forward();
-    return model_.forward(inputs);
+    return ddp_.finish_forward(model_.forward(ddp_.compute_input(inputs)));
   }
   std::vector<torch::Tensor> optimizer_parameters() override { return ddp_.parameters(); }
   double clip_grad_norm(double max_norm) override {
@@ -168,6 +168,7 @@ class DataParallel final : public Strategy {
   Model& model_;
   CommPtr world_;
   DistributedDataParallelBase ddp_;
+  std::string name_;  // ddp, or single with mixed precision
 };
 
 // Parameters, gradients and optimizer state sharded by FSDP (zero1, zero2,
@@ -237,6 +238,15 @@ class FullySharded final : public Strategy {
 
 }  // namespace
 
+// --mixed-precision and --reduce-dtype as the engines' policy (the same for
+// DDP and FSDP): compute in bf16, reduce in fp32 or bf16, outputs in fp32.
+MixedPrecision mixed_precision_of(const StrategyOptions& options) {
+  MixedPrecision policy;
+  if (options.mixed_precision == "bf16") policy.param_dtype = torch::kBFloat16;
+  if (options.reduce_dtype == "bf16") policy.reduce_dtype = torch::kBFloat16;
+  return policy;
+}
+
 // zero1 / zero2 / fsdp / hsdp as FSDP options. hsdp shards inside groups of
 // half the ranks (two replicas) when the world is even and at least 4,
 // otherwise over the whole world.
@@ -244,7 +254,7 @@ FSDPOptions fsdp_options(const StrategyOptions& options, int world_size) {
   FSDPOptions fsdp;
   fsdp.strategy = strategy_info(options.name).sharding;
   fsdp.hybrid_group_size = (world_size % 2 == 0 && world_size >= 4) ? world_size / 2 : world_size;
-  if (options.mixed_precision == "bf16") fsdp.mixed_precision.param_dtype = torch::kBFloat16;
+  fsdp.mixed_precision = mixed_precision_of(options);
   if (options.fsdp_prefetch == "off") {
     fsdp.forward_prefetch = false;
     fsdp.backward_prefetch = BackwardPrefetch::None;
@@ -253,6 +263,7 @@ FSDPOptions fsdp_options(const StrategyOptions& options, int world_size) {
   // single disturbed step does not decide (Note [prefetch tuning]).
   if (options.fsdp_prefetch == "auto") fsdp.prefetch_tuning_steps = 3;
   fsdp.compression = parse_collective_compression(options.fsdp_compress);
+  fsdp.device = options.device;
   return fsdp;
 }
 
@@ -294,34 +305,50 @@ void check_strategy(const StrategyOptions& options, int world_size) {
   }
   if (options.mixed_precision != "none" && options.mixed_precision != "bf16")
     throw std::invalid_argument("--mixed-precision '" + options.mixed_precision + "' is not one of none, bf16");
-  // Note: bf16 compute with fp32 master weights belongs to the sharded
-  // strategies (FSDP's mixed precision); single and ddp train in fp32.
   // The parameter server moves float32 parameters and gradients (ps.h).
   if (options.mixed_precision == "bf16" && !row.bf16)
     throw std::invalid_argument(
-        "--mixed-precision bf16 is not available with --strategy " + options.name + ": " +
-        (row.engine == StrategyEngine::ParameterServer ? "the parameter server trains in fp32"
-                                                       : "single and ddp train in fp32") +
-        " (use --mixed-precision none, or --strategy " + strategy_list([](const StrategyInfo& r) { return r.bf16; }) +
-        ")");
+        "--mixed-precision bf16 is not available with --strategy " + options.name +
+        ": the parameter server trains in fp32 (use --mixed-precision none, or --strategy " +
+        strategy_list([](const StrategyInfo& r) { return r.bf16; }) + ")");
+  if (options.reduce_dtype != "fp32" && options.reduce_dtype != "bf16")
+    throw std::invalid_argument("--reduce-dtype '" + options.reduce_dtype + "' is not one of fp32, bf16");
+  if (options.reduce_dtype == "bf16" && options.mixed_precision != "bf16")
+    throw std::invalid_argument(
+        "--reduce-dtype bf16 is part of the bf16 mixed-precision policy: add --mixed-precision bf16 (to reduce fp32 "
+        "gradients in bf16 alone, use --compress bf16 with --strategy ddp)");
 }
 
 std::unique_ptr<Strategy> wrap_model(Model& model, const StrategyOptions& options, CommPtr world) {
   check_strategy(options, world->size());
-  switch (strategy_info(options.name).engine) {
-    case StrategyEngine::SingleProcess: return std::make_unique<SingleProcess>(model);
+  const StrategyEngine engine = strategy_info(options.name).engine;
+  if (options.device && engine != StrategyEngine::FSDP) model.module->to(*options.device);
+  if (engine == StrategyEngine::FSDP) {
+    auto sharded = std::make_unique<FullySharded>(model, world, fsdp_options(options, world->size()), options.name,
+                                                  options.gather_per_microbatch);
+    // The shards moved piece by piece; the buffers (a few, whole on every rank) follow.
+    if (options.device)
+      for (auto& buffer : model.module->buffers()) buffer.set_data(buffer.to(*options.device));
+    return sharded;
+  }
+  switch (engine) {
     case StrategyEngine::ParameterServer:
       throw std::invalid_argument("--strategy " + options.name + " does not wrap a model: run_training hands it to "
                                   "train::run_parameter_server (src/train/ps_training.h)");
+    case StrategyEngine::SingleProcess:
+      // bf16 compute with fp32 masters is DDP's mixed precision on one rank
+      // (its bucket "all-reduce" over one rank is a copy).
+      if (options.mixed_precision == "none") return std::make_unique<SingleProcess>(model);
+      [[fallthrough]];
     case StrategyEngine::DDP: {
       DDPOptions ddp_options;
       ddp_options.comm_hook = hooks::by_name(options.compress);
-      return std::make_unique<DataParallel>(model, std::move(world), std::move(ddp_options));
+      if (options.mixed_precision != "none") ddp_options.mixed_precision = mixed_precision_of(options);
+      return std::make_unique<DataParallel>(model, std::move(world), std::move(ddp_options), options.name);
     }
     case StrategyEngine::FSDP: break;
   }
-  return std::make_unique<FullySharded>(model, world, fsdp_options(options, world->size()), options.name,
-                                        options.gather_per_microbatch);
+  throw std::logic_error("wrap_model: no engine for --strategy " + options.name);
 }
 
 }  // namespace train

@@ -89,11 +89,19 @@ class Strategy {
 struct StrategyOptions {
   std::string name = "single";
   std::string compress = "none";         // ddp: a comm hook (dtrain::hooks::by_name)
-  std::string mixed_precision = "none";
+  std::string mixed_precision = "none";  // none | bf16 (compute in bf16, fp32 master weights)
+  std::string reduce_dtype = "fp32";     // with bf16: the gradient reduction's dtype, fp32 | bf16
   std::string fsdp_prefetch = "auto";    // zero1 / zero2 / fsdp / hsdp: on | off | auto
   std::string fsdp_compress = "none";    // sharded: dtrain::parse_collective_compression
   bool gather_per_microbatch = false;    // --pp-gather microbatch (sharded): FullyShardedBase::gather_for_step
+  // Where the model trains (--device); unset: where it was built. single
+  // and ddp move the module there before wrapping it; the sharded
+  // strategies move each piece of their shards (FSDPOptions::device).
+  std::optional<torch::Device> device{};
 };
+
+// --mixed-precision / --reduce-dtype as the engines' policy (DDP and FSDP alike).
+MixedPrecision mixed_precision_of(const StrategyOptions& options);
 
 // zero1 / zero2 / fsdp / hsdp as the FSDPOptions wrap_model uses on
 // `world_size` ranks (also what `dtrain plan` is asked about at the end of a run).

@@ -204,3 +204,64 @@ TEST(Stats, AllReduceSendsEveryGradientOnce) {
 }  // namespace
 
 int main(int argc, char** argv) { return dtrain::testing::run_multirank_tests(argc, argv); }
+
+namespace {
+
+// Issue 23: DDP's bf16 mixed precision (Note [DDP mixed precision]).
+dtrain::DDPOptions bf16_options(torch::ScalarType reduce_dtype) {
+  dtrain::DDPOptions options;
+  options.mixed_precision = dtrain::MixedPrecision{torch::kBFloat16, reduce_dtype, torch::kFloat32};
+  return options;
+}
+
+void expect_dtype(const std::vector<torch::Tensor>& tensors, torch::ScalarType dtype, const std::string& when) {
+  for (const auto& t : tensors) EXPECT_EQ(t.scalar_type(), dtype) << when;
+}
+
+// Forward computes in bf16 (the parameters are the bf16 copies, the output
+// comes back fp32); after backward the module holds its fp32 masters with
+// fp32 averaged gradients; three SGD steps track fp32 DDP to bf16's
+// resolution; an evaluation forward leaves the masters in place.
+TEST(MixedPrecision, Bf16ComputeFp32MastersAndGradients) {
+  for (const auto reduce_dtype : {torch::kFloat32, torch::kBFloat16}) {
+    SCOPED_TRACE(std::string("reduce_dtype ") + c10::toString(reduce_dtype));
+    auto reference = make_model<TinyMLP>(5);
+    auto reference_ddp = dtrain::DistributedDataParallel(reference, world_ptr());
+    torch::optim::SGD reference_optimizer(reference->parameters(), 0.1);
+    auto replica = make_model<TinyMLP>(5);
+    auto ddp = dtrain::DistributedDataParallel(replica, world_ptr(), bf16_options(reduce_dtype));
+    torch::optim::SGD optimizer(ddp.parameters(), 0.1);
+    for (int step = 0; step < 3; ++step) {
+      const auto mine = local_part(global_batch(step, 12), world());
+      reference_optimizer.zero_grad();
+      loss_on(reference_ddp(mine.inputs), mine.targets).backward();
+      reference_optimizer.step();
+
+      optimizer.zero_grad();
+      const torch::Tensor logits = ddp(mine.inputs);
+      EXPECT_EQ(logits.scalar_type(), torch::kFloat32) << "output_dtype";
+      expect_dtype(replica->parameters(), torch::kBFloat16, "between forward and backward");
+      loss_on(logits, mine.targets).backward();
+      expect_dtype(replica->parameters(), torch::kFloat32, "after backward");
+      for (const auto& p : replica->parameters()) {
+        ASSERT_TRUE(p.grad().defined());
+        EXPECT_EQ(p.grad().scalar_type(), torch::kFloat32);
+      }
+      // Every rank holds the same averaged gradient.
+      auto first = replica->parameters().front().grad().clone();
+      auto sum = first.clone();
+      world().all_reduce(sum, dtrain::ReduceOp::Sum)->wait();
+      EXPECT_TRUE(torch::allclose(sum, first * world().size(), 0, 1e-6));
+      optimizer.step();
+    }
+    EXPECT_GT(max_abs_difference(replica->parameters(), reference->parameters()), 0) << "bf16 is not fp32";
+    EXPECT_LE(max_abs_difference(replica->parameters(), reference->parameters()), 2e-2);
+    {
+      torch::NoGradGuard no_grad;
+      ddp(local_part(global_batch(9, 12), world()).inputs);
+    }
+    expect_dtype(replica->parameters(), torch::kFloat32, "after a forward without grad");
+  }
+}
+
+}  // namespace

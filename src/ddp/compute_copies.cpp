@@ -1,0 +1,42 @@
+#include "ddp/compute_copies.h"
+
+#include <torch/utils.h>
+
+namespace dtrain::detail {
+
+ComputeCopies::ComputeCopies(const std::vector<torch::Tensor>& parameters, c10::ScalarType dtype) : dtype_(dtype) {
+  for (const auto& parameter : parameters)
+    if (parameter.is_floating_point() && parameter.scalar_type() != dtype) parameters_.push_back(parameter);
+  masters_.resize(parameters_.size());
+  copies_.resize(parameters_.size());
+}
+
+void ComputeCopies::swap_in() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    auto& parameter = parameters_[i];
+    // Already swapped (a forward under no_sync, or one whose backward never
+    // ran): the master is the one captured then.
+    if (!swapped_) masters_[i] = parameter.variable_data();
+    if (!copies_[i].defined() || copies_[i].sizes() != masters_[i].sizes() ||
+        copies_[i].device() != masters_[i].device())
+      copies_[i] = torch::empty_like(masters_[i], masters_[i].options().dtype(dtype_));
+    copies_[i].copy_(masters_[i]);
+    if (!swapped_) parameter.set_data(copies_[i]);
+  }
+  swapped_ = true;
+}
+
+void ComputeCopies::swap_out() {
+  if (!swapped_) return;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    auto& parameter = parameters_[i];
+    parameter.set_data(masters_[i]);
+    masters_[i] = torch::Tensor();
+    auto& grad = parameter.mutable_grad();
+    if (grad.defined() && grad.scalar_type() != parameter.scalar_type()) grad = torch::Tensor();
+  }
+  swapped_ = false;
+}
+
+}  // namespace dtrain::detail
