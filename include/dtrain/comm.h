@@ -7,9 +7,10 @@
 // blocking() offers the collectives to callers that wait for them at once.
 //
 // Backends: "mpi" (OpenMPI, launched by mpirun) and "c10d" (LibTorch's c10d
-// ProcessGroup: Gloo for CPU tensors, NCCL for CUDA tensors, rendezvous through
-// TCPStore from the torchrun variables RANK / WORLD_SIZE / MASTER_ADDR /
-// MASTER_PORT).
+// ProcessGroup: Gloo for CPU tensors, NCCL for CUDA tensors, or Gloo where
+// ranks share a GPU (DTRAIN_CUDA_BACKEND, docs/communicator.md), rendezvous
+// through TCPStore from the torchrun variables RANK / WORLD_SIZE /
+// MASTER_ADDR / MASTER_PORT).
 #pragma once
 
 #include <dtrain/shard_range.h>
@@ -54,7 +55,8 @@ class Communicator {
 
   int rank() const;
   int size() const;
-  // "mpi", "c10d" or "self" (the one-rank world of an unlaunched program).
+  // "mpi", "self" (the one-rank world of an unlaunched program), or "c10d"
+  // followed by its engines: "c10d (gloo; cuda: nccl)" or "c10d (gloo; cuda: gloo)".
   std::string backend_name() const;
 
   // In place: every rank ends with the reduction of all ranks' `tensor`.

@@ -5,6 +5,7 @@
 #include "dtrain/comm.h"
 
 #include <cstdlib>
+#include <stdexcept>
 
 namespace dtrain {
 
@@ -23,6 +24,15 @@ std::optional<int> env_int(const char* name, int min, int max) {
     throw CommError(std::string(name) + "='" + *text + "' must be an integer from " + std::to_string(min) + " to " +
                     std::to_string(max));
   return static_cast<int>(value);
+}
+
+std::string cuda_backend_from_environment() {
+  const auto value = env_string("DTRAIN_CUDA_BACKEND");
+  if (!value) return "auto";
+  if (*value == "auto" || *value == "nccl" || *value == "gloo") return *value;
+  throw std::invalid_argument("DTRAIN_CUDA_BACKEND='" + *value +
+                              "' must be auto, nccl or gloo (the c10d engine for CUDA tensors; auto: nccl when "
+                              "every local rank has a GPU of its own, else gloo)");
 }
 
 std::string backend_from_environment() {

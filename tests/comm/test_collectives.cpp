@@ -175,7 +175,13 @@ TEST(World, MatchesTheLaunchEnvironment) {
     EXPECT_EQ(world().size(), std::atoi(ompi_size));
     EXPECT_EQ(world().rank(), std::atoi(ompi_rank));
   } else if (c10d_size != nullptr && c10d_rank != nullptr) {
-    EXPECT_EQ(world().backend_name(), "c10d");
+    // "c10d (gloo; cuda: nccl|gloo)": the engine for CUDA tensors (DTRAIN_CUDA_BACKEND).
+    const std::string name = world().backend_name();
+    EXPECT_EQ(name.rfind("c10d (gloo; cuda: ", 0), 0u) << name;
+    const char* cuda_backend = std::getenv("DTRAIN_CUDA_BACKEND");
+    if (cuda_backend != nullptr && std::string(cuda_backend) == "gloo") {
+      EXPECT_EQ(name, "c10d (gloo; cuda: gloo)");
+    }
     EXPECT_EQ(world().size(), std::atoi(c10d_size));
     EXPECT_EQ(world().rank(), std::atoi(c10d_rank));
   } else {

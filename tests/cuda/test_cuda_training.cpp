@@ -1,14 +1,15 @@
-// Training on a GPU through the c10d backend (NCCL for CUDA tensors):
-// DDP and FSDP (Full, GradOp) equal plain single-process CUDA training on the
-// same global batches, bf16 mixed precision tracks fp32 as on the CPU, and
-// the memory accounting works with CUDA tensors around. Skips, saying why,
-// on machines without a GPU.
+// Training on a GPU through the c10d backend: DDP and FSDP (Full, GradOp,
+// Hybrid) equal plain single-process CUDA training on the same global
+// batches (every rank computes that reference itself), bf16 mixed precision
+// tracks fp32 as on the CPU, and the memory accounting works with CUDA
+// tensors around. Skips, saying why, on machines without a GPU.
 //
-// Meant for one rank per GPU (`dtrain launch -n N --backend c10d`, rank r on
-// cuda:LOCAL_RANK); on a one-GPU machine that is world size 1. More ranks
-// than GPUs is impossible: NCCL refuses two ranks on one device, and the
-// c10d backend sends every CUDA tensor to NCCL (group_for in
-// src/comm/c10d/c10d_backend.cpp), so gloo cannot stand in for it.
+// Any number of ranks (`dtrain launch -n N --backend c10d`): rank r runs on
+// cuda:(LOCAL_RANK % GPUs). With a GPU per rank CUDA tensors go through NCCL;
+// with ranks sharing a GPU (2 or 3 on a one-GPU machine) NCCL cannot run and
+// they go through Gloo, staged in host memory, so the engines' streams,
+// events and device guards meet real peers there too
+// (DTRAIN_CUDA_BACKEND, Note [the CUDA engine] in src/comm/c10d/c10d_backend.cpp).
 //
 // fp32 stays fp32: TF32 is switched off for cuBLAS and cuDNN, so the only
 // differences from the reference are summation order and atomics.
@@ -27,6 +28,7 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -41,7 +43,7 @@ using dtrain::testing::world;
 using dtrain::testing::world_ptr;
 
 constexpr int kSteps = 10;
-constexpr int64_t kGlobalBatch = 12;
+constexpr int64_t kGlobalBatch = 12;  // equal parts at 1, 2, 3, 4 and 6 ranks
 
 enum class Model { MLP, GPT };
 enum class Optimizer { AdamW, SGD };
@@ -53,10 +55,12 @@ bool on_cpu_instead() {
   return value && std::string(value) == "1";
 }
 
+// cuda:(LOCAL_RANK % GPUs): more ranks than GPUs share them.
 torch::Device device() {
   if (on_cpu_instead()) return torch::kCPU;
   const char* local = std::getenv("LOCAL_RANK");
-  return {torch::kCUDA, static_cast<c10::DeviceIndex>(local ? std::atoi(local) : 0)};
+  const int gpus = std::max(1, static_cast<int>(torch::cuda::device_count()));
+  return {torch::kCUDA, static_cast<c10::DeviceIndex>((local ? std::atoi(local) : 0) % gpus)};
 }
 
 bool on_device(const torch::Tensor& t) { return t.device() == device(); }
@@ -64,15 +68,19 @@ bool on_device(const torch::Tensor& t) { return t.device() == device(); }
 class CudaTraining : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (on_cpu_instead()) return;
-    // The same verdict on every rank, so every rank runs the same collectives.
-    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine";
-    if (world().backend_name() != "c10d") GTEST_SKIP() << "CUDA tensors need the c10d backend (NCCL)";
-    if (device().index() >= static_cast<int>(torch::cuda::device_count()))
-      GTEST_SKIP() << "one GPU per rank needed: LOCAL_RANK " << int(device().index()) << ", "
-                   << torch::cuda::device_count() << " GPU(s)";
-    at::globalContext().setAllowTF32CuBLAS(false);
-    at::globalContext().setAllowTF32CuDNN(false);
+    if (!on_cpu_instead()) {
+      // The same verdict on every rank, so every rank runs the same collectives.
+      if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine";
+      // Its name says which engine carries CUDA tensors: "c10d (gloo; cuda: nccl)".
+      if (world().backend_name().rfind("c10d", 0) != 0) GTEST_SKIP() << "CUDA tensors need the c10d backend";
+      at::globalContext().setAllowTF32CuBLAS(false);
+      at::globalContext().setAllowTF32CuDNN(false);
+    }
+    static bool said = false;
+    if (!said && world().rank() == 0)
+      std::cout << "[setup] " << world().size() << " rank(s), rank 0 on " << device().str() << ", "
+                << world().backend_name() << std::endl;
+    said = true;
   }
 };
 
@@ -251,14 +259,26 @@ TEST_F(CudaTraining, DDPMatchesPlainTraining) {
   }
 }
 
+// Hybrid's sharding group: the smallest proper divisor of the world size, so
+// that groups shard and replicate across each other (2 x 2 at 4 ranks); at a
+// prime world size (2, 3) groups of one rank, so the gradients are
+// all-reduced across all ranks and each shard group is a split of one.
+int hybrid_group_size(int world_size) {
+  for (int group = 2; group < world_size; ++group)
+    if (world_size % group == 0) return group;
+  return 1;
+}
+
 TEST_F(CudaTraining, FSDPMatchesPlainTraining) {
-  for (auto strategy : {Sharding::Full, Sharding::GradOp}) {
+  for (auto strategy : {Sharding::Full, Sharding::GradOp, Sharding::Hybrid}) {
     for (auto [model, kind] : {std::pair{Model::MLP, Optimizer::AdamW}, std::pair{Model::GPT, Optimizer::AdamW},
                                std::pair{Model::GPT, Optimizer::SGD}}) {
       dtrain::FSDPOptions options;
       options.strategy = strategy;
-      const std::string what =
-          std::string("FSDP ") + dtrain::to_string(strategy) + " " + name_of(model) + " " + name_of(kind);
+      options.hybrid_group_size = hybrid_group_size(world().size());
+      std::string what = std::string("FSDP ") + dtrain::to_string(strategy);
+      if (strategy == Sharding::Hybrid) what += " (groups of " + std::to_string(options.hybrid_group_size) + ")";
+      what += " " + name_of(model) + " " + name_of(kind);
       expect_same_training(train_plain(model, kind), train_fsdp(model, kind, options), tolerance(model, kind), what);
     }
   }
@@ -281,7 +301,7 @@ TEST_F(CudaTraining, Bf16MixedPrecisionTracksFp32) {
     for (int step = 0; step < 20; ++step) {
       auto generator = at::make_generator<at::CPUGeneratorImpl>(900 + step % 4);
       const int64_t t = fsdp_test::tiny_gpt_config().seq_len;
-      auto tokens = torch::randint(0, 256, {12, t + 1}, generator);
+      auto tokens = torch::randint(0, 256, {kGlobalBatch, t + 1}, generator);
       const auto mine = ddp_test::local_part({tokens.narrow(1, 0, t), tokens.narrow(1, 1, t)}, world());
       optimizer.zero_grad();
       auto logits = fsdp(mine.inputs.to(device()));

@@ -1,6 +1,7 @@
-// The c10d backend: LibTorch's own process groups (Gloo for CPU tensors, NCCL
-// for CUDA tensors) behind the Communicator, with torchrun's rendezvous
-// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT through a TCPStore).
+// The c10d backend: LibTorch's own process groups (Gloo for CPU tensors; NCCL
+// or Gloo for CUDA tensors, Note [the CUDA engine]) behind the Communicator,
+// with torchrun's rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+// through a TCPStore).
 //
 // Where a process group lacks an operation dtrain emulates it here:
 // all_gather / reduce_scatter with shards of unequal size (a full size not
@@ -12,8 +13,11 @@
 #include "comm/c10d/process_groups.h"
 #include "comm/env.h"
 
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -85,21 +89,94 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
   }
 }
 
+// Note [the CUDA engine]
+// NCCL is the engine for CUDA tensors where it can run, but it refuses two
+// ranks on one GPU; ranks sharing a GPU (tests of multi-rank CUDA code on a
+// one-GPU machine) use Gloo instead. DTRAIN_CUDA_BACKEND chooses: nccl, gloo,
+// or auto (the default): nccl when every rank of this machine can have a GPU
+// of its own (LOCAL_WORLD_SIZE, or the world size where the launcher does not
+// set it, <= the visible devices), else gloo. Every rank must use the same
+// engine, or their first CUDA collectives would never meet: the world settles
+// it with one small all-reduce at startup (gloo if any rank chose gloo), and
+// split() hands it to the children.
+enum class CudaEngine { Nccl, Gloo };
+
+const char* to_string(CudaEngine engine) { return engine == CudaEngine::Nccl ? "nccl" : "gloo"; }
+
+CudaEngine cuda_engine_wanted(int world_size) {
+  const std::string choice = cuda_backend_from_environment();
+  if (choice == "nccl") return CudaEngine::Nccl;
+  if (choice == "gloo") return CudaEngine::Gloo;
+  const int local_ranks = env_int("LOCAL_WORLD_SIZE", 1, 1 << 20).value_or(world_size);
+  // (device_count() is size_t in some LibTorch versions, int8 in others.)
+  const int devices = static_cast<int>(torch::cuda::device_count());
+  return local_ranks <= devices ? CudaEngine::Nccl : CudaEngine::Gloo;
+}
+
+// Note [CUDA tensors over gloo]
+// Gloo moves host memory, so a CUDA tensor on the gloo engine is staged
+// through pinned host buffers (ProcessGroupGloo's own CUDA paths cover some
+// operations only, send/recv not at all, and differ between LibTorch
+// versions; one path for every operation is simpler to trust). Ordering
+// follows the issuer's current stream, which the Communicator makes current
+// on its thread (IssuerContext in communicator.cpp):
+// - inputs: copied to the host on that stream, then the stream is
+//   synchronised, so the host reads the values every kernel queued before
+//   the collective produced;
+// - outputs: copied back on that stream without waiting, so whatever the
+//   issuer queues after wait() sees them, as with NCCL's results. The caching
+//   host allocator records the copy on the stream, so the pinned buffer is
+//   not reused before the copy has read it.
+
+c10::Stream current_stream(const torch::Tensor& t) {
+  return c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device());
+}
+
+// A pinned host buffer of t's shape and dtype; its contents are undefined.
+torch::Tensor host_buffer_like(const torch::Tensor& t) {
+  return torch::empty(t.sizes(), torch::TensorOptions(t.scalar_type()).pinned_memory(true));
+}
+
+// t's values on the host, once all work queued before on the current stream has run.
+torch::Tensor to_host(const torch::Tensor& t) {
+  auto host = host_buffer_like(t);
+  host.copy_(t, /*non_blocking=*/true);
+  current_stream(t).synchronize();
+  return host;
+}
+
+// Queues the copy of `host` into the CUDA tensor t on the current stream.
+void copy_back(torch::Tensor& t, const torch::Tensor& host) { t.copy_(host, /*non_blocking=*/true); }
+
 class C10dBackend final : public Backend {
  public:
   C10dBackend(c10::intrusive_ptr<c10d::Store> base_store, std::string prefix, int rank, int size,
-              std::chrono::milliseconds timeout)
+              std::chrono::milliseconds timeout, CudaEngine cuda_engine)
       : base_store_(std::move(base_store)), prefix_(std::move(prefix)), rank_(rank), size_(size),
-        timeout_(timeout) {
+        timeout_(timeout), cuda_engine_(cuda_engine) {
     gloo_ = make_gloo_group(c10::make_intrusive<c10d::PrefixStore>(prefix_ + "/gloo", base_store_), rank_, size_,
                             timeout_);
   }
 
+  // Collective, once, on the world (Note [the CUDA engine]).
+  void agree_on_cuda_engine() {
+    auto nccl = torch::tensor({cuda_engine_ == CudaEngine::Nccl ? 1 : 0}, torch::kInt32);
+    all_reduce(nccl, BackendReduce::Min);
+    cuda_engine_ = nccl.item<int>() == 1 ? CudaEngine::Nccl : CudaEngine::Gloo;
+  }
+
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::string name() const override { return "c10d"; }
+  // The engines in use, e.g. "c10d (gloo; cuda: nccl)".
+  std::string name() const override { return std::string("c10d (gloo; cuda: ") + to_string(cuda_engine_) + ")"; }
 
   void all_reduce(torch::Tensor& tensor, BackendReduce op) override {
+    if (staged(tensor)) {
+      auto host = to_host(tensor);
+      all_reduce(host, op);
+      copy_back(tensor, host);
+      return;
+    }
     std::vector<torch::Tensor> tensors{tensor};
     c10d::AllreduceOptions options;
     options.reduceOp = c10d_op(op);
@@ -107,6 +184,12 @@ class C10dBackend final : public Backend {
   }
 
   void all_gather(const torch::Tensor& shard, torch::Tensor& full) override {
+    if (staged(full)) {
+      auto host_full = host_buffer_like(full);
+      all_gather(to_host(shard), host_full);
+      copy_back(full, host_full);
+      return;
+    }
     auto& group = group_for(full);
     if (full.numel() % size_ == 0) {
       auto out = as_transport(full);
@@ -129,6 +212,12 @@ class C10dBackend final : public Backend {
   }
 
   void reduce_scatter(const torch::Tensor& full, torch::Tensor& shard, BackendReduce op) override {
+    if (staged(full)) {
+      auto host_shard = host_buffer_like(shard);
+      reduce_scatter(to_host(full), host_shard, op);
+      copy_back(shard, host_shard);
+      return;
+    }
     auto& group = group_for(full);
     c10d::ReduceScatterOptions options;
     options.reduceOp = c10d_op(op);
@@ -149,6 +238,12 @@ class C10dBackend final : public Backend {
   }
 
   void all_to_all(const torch::Tensor& input, torch::Tensor& output) override {
+    if (staged(input)) {
+      auto host_output = host_buffer_like(output);
+      all_to_all(to_host(input), host_output);
+      copy_back(output, host_output);
+      return;
+    }
     auto in = as_transport(input);
     auto out = as_transport(output);
     std::vector<int64_t> equal_splits;  // empty: equal chunks
@@ -156,6 +251,13 @@ class C10dBackend final : public Backend {
   }
 
   void broadcast(torch::Tensor& tensor, int root) override {
+    if (staged(tensor)) {
+      // Only the root's values are read; the others' are overwritten.
+      auto host = rank_ == root ? to_host(tensor) : host_buffer_like(tensor);
+      broadcast(host, root);
+      if (rank_ != root) copy_back(tensor, host);
+      return;
+    }
     std::vector<torch::Tensor> tensors{as_transport(tensor)};
     c10d::BroadcastOptions options;
     options.rootRank = root;
@@ -165,11 +267,18 @@ class C10dBackend final : public Backend {
   void barrier() override { wait_for(gloo_->barrier(), "barrier"); }
 
   void send(const torch::Tensor& tensor, int dst, int tag) override {
+    if (staged(tensor)) return send(to_host(tensor), dst, tag);
     std::vector<torch::Tensor> tensors{as_transport(tensor)};
     wait_for(group_for(tensor).send(tensors, dst, tag), "send");
   }
 
   void recv(torch::Tensor& tensor, int src, int tag) override {
+    if (staged(tensor)) {
+      auto host = host_buffer_like(tensor);
+      recv(host, src, tag);
+      copy_back(tensor, host);
+      return;
+    }
     std::vector<torch::Tensor> tensors{as_transport(tensor)};
     wait_for(group_for(tensor).recv(tensors, src, tag), "recv");
   }
@@ -190,7 +299,7 @@ class C10dBackend final : public Backend {
         std::find(members.begin(), members.end(), std::make_pair(static_cast<int64_t>(key), rank_)) -
         members.begin());
     return std::make_unique<C10dBackend>(base_store_, child_prefix + "/color" + std::to_string(color), child_rank,
-                                         static_cast<int>(members.size()), timeout_);
+                                         static_cast<int>(members.size()), timeout_, cuda_engine_);
   }
 
   [[noreturn]] void abort_job(int exit_code) override {
@@ -201,6 +310,9 @@ class C10dBackend final : public Backend {
   }
 
  private:
+  // A CUDA tensor that goes through host memory (Note [CUDA tensors over gloo]).
+  bool staged(const torch::Tensor& t) const { return t.is_cuda() && cuda_engine_ == CudaEngine::Gloo; }
+
   c10d::Backend& group_for(const torch::Tensor& t) {
     if (!t.is_cuda()) return *gloo_;
     // Created on first use, at the same point of the op sequence on all ranks.
@@ -215,6 +327,7 @@ class C10dBackend final : public Backend {
   int rank_;
   int size_;
   std::chrono::milliseconds timeout_;
+  CudaEngine cuda_engine_;
   c10::intrusive_ptr<c10d::Backend> gloo_;
   c10::intrusive_ptr<c10d::Backend> nccl_;
   int split_count_ = 0;
@@ -228,6 +341,8 @@ std::unique_ptr<Backend> make_c10d_world_backend(std::chrono::milliseconds timeo
   if (!world || !rank) throw CommError("the c10d backend needs RANK and WORLD_SIZE (set by torchrun or dtrain launch)");
   const std::string host = env_string("MASTER_ADDR").value_or("127.0.0.1");
   const int port = env_int("MASTER_PORT", 1, 65535).value_or(29500);
+  // Before the rendezvous: a bad value fails at once, not after the others connect.
+  const CudaEngine cuda_engine = cuda_engine_wanted(*world);
   // Startup (loading LibTorch, reaching init on every rank, Gloo's full-mesh
   // connect) is not bounded by the per-operation timeout: a short
   // DTRAIN_TIMEOUT must not fail a slow start. Gloo's own operation timeout
@@ -244,7 +359,9 @@ std::unique_ptr<Backend> make_c10d_world_backend(std::chrono::milliseconds timeo
   const std::string prefix = "dtrain/attempt" + env_string("TORCHELASTIC_RESTART_COUNT").value_or("0") + "/world";
   try {
     auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
-    return std::make_unique<C10dBackend>(store, prefix, *rank, *world, startup_timeout);
+    auto backend = std::make_unique<C10dBackend>(store, prefix, *rank, *world, startup_timeout, cuda_engine);
+    backend->agree_on_cuda_engine();
+    return backend;
   } catch (const c10::Error& error) {
     throw CommError("c10d rendezvous at " + host + ":" + std::to_string(port) + " failed for rank " +
                     std::to_string(*rank) + " of " + std::to_string(*world) + ": " + error.what_without_backtrace() +
