@@ -127,6 +127,20 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
   data->add_option("--shuffle", f.shuffle, "Shuffle each epoch (seeded): true | false")
       ->check(CLI::IsMember({"true", "false"}))->capture_default_str();
 
+  auto* device = app.add_option_group("Device");
+  device->add_option("--device", c.device,
+                     "cpu | cuda (rank r on GPU LOCAL_RANK; collectives on CUDA tensors through NCCL, or Gloo when "
+                     "ranks share a GPU) | auto (cuda when there is a GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
+  device->add_option_function<std::string>(
+            "--tf32", [&c](const std::string& value) { c.tf32 = value == "on"; },
+            "cuda: fp32 matmuls and convolutions on TF32 tensor cores: on (default) | off (full fp32)")
+      ->check(CLI::IsMember({"on", "off"}));
+  device->add_option("--peak-tflops", c.peak_tflops,
+                     "The device's peak TFLOP/s for the compute dtype, MFU's denominator (default: measured once per "
+                     "machine by a GEMM probe and cached)")
+      ->check(kNonNegative);
+
   auto* parallel = app.add_option_group("Parallelism");
   const auto strategies = strategy_names();
   parallel->add_option("--strategy", c.strategy, strategy_list())
@@ -188,8 +202,14 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
           },
           "COMPRESSION"))
       ->capture_default_str();
-  parallel->add_option("--mixed-precision", c.mixed_precision, "none | bf16 (sharded strategies; single and ddp: none)")
+  parallel->add_option("--mixed-precision", c.mixed_precision,
+                       "none | bf16: compute in bf16, the optimizer updating fp32 master weights (every strategy but "
+                       "ps-*)")
       ->check(CLI::IsMember({"none", "bf16"}))->capture_default_str();
+  parallel->add_option("--reduce-dtype", c.reduce_dtype,
+                       "With --mixed-precision bf16: the gradient all-reduce / reduce-scatter in fp32 (exact "
+                       "averages) or bf16 (half the traffic)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   parallel->add_option("--fsdp-prefetch", c.fsdp_prefetch,
                        "zero1/zero2/fsdp/hsdp: prefetch the next unit's all-gather: on | off | auto (time both "
                        "in the first steps, keep the faster)")

@@ -71,6 +71,17 @@ struct TrainConfig {
   std::string fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
   bool shuffle = true;
 
+  // ---- device (src/train/device.h)
+  // "cpu", "cuda" (rank r on cuda:LOCAL_RANK, modulo the GPUs) or "auto"
+  // (cuda when this build and machine have a GPU, else cpu).
+  std::string device = "auto";
+  // CUDA: let fp32 matmuls and convolutions use TF32 tensor cores (faster,
+  // 10-bit mantissa products); false: full fp32.
+  bool tf32 = true;
+  // The hardware's peak TFLOP/s for the compute dtype, the denominator of
+  // MFU; 0 = measured once per machine by a GEMM probe (src/train/peak_flops.h).
+  double peak_tflops = 0;
+
   // ---- parallelism: see strategy_names(); compress applies to ddp
   std::string strategy = "ddp";
   // Tensor parallelism (gpt): the ranks form a (dp, tp) mesh, tp consecutive
@@ -92,7 +103,11 @@ struct TrainConfig {
   // (FullyShardedBase::gather_for_step).
   std::string pp_gather = "step";
   std::string compress = "none";  // none | bf16 | powersgd | topk
+  // "bf16": compute in bf16 while the optimizer updates fp32 master weights
+  // (every strategy but the parameter server's; dtrain/mixed_precision.h);
+  // gradients are reduced in reduce_dtype ("fp32" | "bf16").
   std::string mixed_precision = "none";
+  std::string reduce_dtype = "fp32";
   // zero1 / zero2 / fsdp / hsdp: prefetch the next unit's all-gather "on",
   // "off", or "auto" (measure both in the first steps and keep the faster;
   // Note [prefetch tuning] in src/fsdp/prefetch_tuner.h).

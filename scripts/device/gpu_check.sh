@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
-# Builds dtrain on a bare GPU machine against its python3's torch and runs the
-# CUDA tests. Run from anywhere in the repository, with .devkit/ beside it
-# (made here by scripts/device/make_kit.sh: OpenMPI, GoogleTest,
-# nlohmann-json, CLI11, zlib headers, none of which that machine has).
+# Builds dtrain on a bare GPU machine against its python3's torch, runs the
+# CUDA tests, then `dtrain train` on CUDA and the GPU benchmark (issue 23;
+# scripts/device/gpu_runs.sh). Run from anywhere in the repository, with
+# .devkit/ beside it (made here by scripts/device/make_kit.sh: OpenMPI,
+# GoogleTest, nlohmann-json, CLI11, zlib headers, none of which that machine
+# has).
 #
-#   scripts/device/gpu_check.sh [all|configure|build|test]   (default: all)
+#   scripts/device/gpu_check.sh [all|configure|build|test|runs]   (default: all)
 #
-# Logs go to $OUT (default build-gpu/out), at most 8 files:
-#   gpu_check.log  everything below, as it happens
-#   build.log      the full ninja output
-#   *.xml          gtest reports, one per test program
-#   bench.txt      the throughput probe's table (if built)
-#   summary.txt    the one-line verdict (also the log's last line)
+# test: the CUDA tests, at 1 rank (NCCL) and test_cuda_training at 2 and 3
+# ranks sharing the GPU (DTRAIN_CUDA_BACKEND=gloo); runs: gpu_runs.sh's
+# phases (dtrain train end to end, the benchmark, the largest model).
+# Logs go to $OUT (default build-gpu/out), 6 files (the device tool brings
+# back at most 8):
+#   gpu_check.log    everything below, as it happens
+#   build.log        the full ninja output
+#   bench.txt        bench_gpt_cuda's table (if built)
+#   gpu_results.md   the results page (bench/gpu_report.py): tests, end-to-end
+#                    runs, throughput, overlap, largest model
+#   gpu_runs.tar.gz  $WORK: every run's metrics/log/trace summary, the plans,
+#                    the gtest XML reports (one per program and rank)
+#   summary.txt      the one-line verdict (also the log's last line)
 # Settings (environment): TORCH_PREFIX (default: python3's
 # torch.utils.cmake_prefix_path), BUILD_DIR (default build-gpu), JOBS
 # (default: all cores), CUDA_ARCH (default 9.0), DTRAIN_GPU_BENCH=0 to skip
 # the throughput probe, DEADLINE (default 560): seconds the whole script may
-# take; each step gets at most what is left, the probe runs only with 60 s
-# to spare (the device tool kills a command at 600 s); BUILD_LIMIT (default
-# 480) caps the build step alone.
+# take; each step gets at most what is left and is skipped (NO-TIME-LEFT in
+# the summary) without its minimum (the device tool kills a command at 600
+# s); BUILD_LIMIT (default 480) caps the build step alone; gpu_runs.sh's own
+# (GPU_RUNS_PHASES, ...) are listed there.
 set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -30,6 +40,8 @@ JOBS=${JOBS:-$(nproc)}
 CUDA_ARCH=${CUDA_ARCH:-9.0}
 DEADLINE=${DEADLINE:-560}
 KIT=$repo/.devkit
+# The dtrain train runs and the results page: functions, run by the test/runs steps.
+. "$repo/scripts/device/gpu_runs.sh"
 export CPLUS_INCLUDE_PATH="$KIT/gloo-include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu_check.log") 2>&1
@@ -46,8 +58,10 @@ budget() {
 }
 finish() {
   local line="gpu_check: ${status_line[*]:-nothing ran} (${BUILD_DIR}, $((SECONDS - started))s)"
+  echo "$line" >"$OUT/summary.txt"
+  gpu_runs_finish  # the results page and the tarball (they show the summary too)
   echo
-  echo "$line" | tee "$OUT/summary.txt"
+  echo "$line"
   exec >&- 2>&-       # end tee's input, so it can finish writing
   wait "$tee_pid" 2>/dev/null || true
 }
@@ -163,23 +177,38 @@ build() {
   return "$rc"
 }
 
-# Each test program under the launcher, one rank on cuda:0 through c10d.
+# Each test program under the launcher through c10d: run_test NAME NPROC LIMIT.
+# One rank: cuda:0, NCCL. More: ranks sharing the one GPU through Gloo.
 run_test() {
-  local name=$1 limit=$2
-  shift 2
-  step "test $name"
+  local name=$1 nproc=$2 limit=$3
+  shift 3
+  local label=$name envs=(DTRAIN_TIMEOUT=60 "NCCL_DEBUG=${NCCL_DEBUG:-WARN}") command
+  [ "$nproc" -gt 1 ] && label=$name@$nproc
+  step "test $label"
   if [ ! "$BUILD_DIR/bin/$name" -nt "$BUILD_DIR/.gpu_check_build_started" ]; then
     echo "$name was not built by this run"
-    note "$name=NOT-BUILT"
+    note "$label=NOT-BUILT"
     return 0
   fi
-  env DTRAIN_TIMEOUT=60 NCCL_DEBUG=${NCCL_DEBUG:-WARN} timeout -k 5 "$(budget "$limit")" \
-    "$BUILD_DIR/bin/dtrain" launch -n 1 --backend c10d -- \
-    "$BUILD_DIR/bin/$name" --gtest_output="xml:$OUT/$name.xml" "$@"
+  if [ "$(budget 20)" -lt 20 ]; then note "$label=NO-TIME-LEFT"; return 0; fi
+  if [ "$nproc" = 1 ]; then
+    command=("$BUILD_DIR/bin/$name" --gtest_output="xml:$WORK/$name.xml" "$@")
+  else
+    envs+=(DTRAIN_CUDA_BACKEND=gloo)
+    command=(/bin/sh scripts/device/rank_xml.sh "$WORK/$name-np$nproc" "$BUILD_DIR/bin/$name" "$@")
+  fi
+  env "${envs[@]}" timeout -k 5 "$(budget "$limit")" \
+    "$BUILD_DIR/bin/dtrain" launch -n "$nproc" --backend c10d -- "${command[@]}"
   local rc=$?
-  [ "$rc" = 0 ] && note "$name=PASS" || note "$name=FAIL($rc)"
+  if [ "$rc" = 0 ]; then note "$label=PASS"; else note "$label=FAIL($rc)"; fi
   # A program whose every case skipped passes too: say so.
-  if [ -f "$OUT/$name.xml" ] && grep -q 'result="skipped"' "$OUT/$name.xml"; then note "($name has SKIPPED cases)"; fi
+  local reports=("$WORK/$name.xml")
+  [ "$nproc" = 1 ] || reports=("$WORK/$name-np$nproc"-rank*.xml)
+  local cases skipped
+  cases=$(cat "${reports[@]}" 2>/dev/null | grep -c '<testcase')
+  skipped=$(cat "${reports[@]}" 2>/dev/null | grep -c 'result="skipped"')
+  if [ "$cases" -gt 0 ] && [ "$skipped" = "$cases" ]; then note "($label: ALL $cases cases SKIPPED)"
+  elif [ "$skipped" -gt 0 ]; then note "($label has $skipped SKIPPED cases)"; fi
   return 0
 }
 
@@ -196,18 +225,15 @@ if [ "$mode" = all ] || [ "$mode" = build ]; then
 fi
 if [ "$mode" = all ] || [ "$mode" = test ]; then
   [ -f "$BUILD_DIR/.gpu_check_build_started" ] || touch -d @0 "$BUILD_DIR/.gpu_check_build_started"
+  work_init
   step "libraries a test program loads"
   ldd "$BUILD_DIR/bin/test_cuda_collectives" | grep -E "mpi|open-|hwloc|event|torch_cuda|nccl|cudart|not found"
-  run_test test_cuda_collectives 120
-  run_test test_cuda_training 240
-  if [ "${DTRAIN_GPU_BENCH:-1}" != 0 ] && [ "$BUILD_DIR/bin/bench_gpt_cuda" -nt "$BUILD_DIR/.gpu_check_build_started" ]; then
-    if [ "$(budget 60)" -ge 60 ]; then
-      step "throughput probe"
-      env DTRAIN_TIMEOUT=120 timeout -k 5 "$(budget 150)" "$BUILD_DIR/bin/dtrain" launch -n 1 --backend c10d -- \
-        "$BUILD_DIR/bin/bench_gpt_cuda" 2>&1 | tee "$OUT/bench.txt"
-      [ "${PIPESTATUS[0]}" = 0 ] && note "bench=OK" || note "bench=FAIL"
-    else
-      note "bench=NO-TIME-LEFT"
-    fi
-  fi
+  run_test test_cuda_collectives 1 120
+  run_test test_cuda_training 1 240
+  run_test test_cuda_training 2 120
+  run_test test_cuda_training 3 120
+fi
+if [ "$mode" = all ] || [ "$mode" = runs ]; then
+  [ -f "$BUILD_DIR/.gpu_check_build_started" ] || touch -d @0 "$BUILD_DIR/.gpu_check_build_started"
+  gpu_runs_main
 fi

@@ -238,6 +238,10 @@ CheckpointManifest load_held(const std::string& dir, const detail::HeldModel& he
     if (optimizer_values[i].empty()) {
       optimizer->state().erase(held.tensors[i].parameter.unsafeGetTensorImpl());
     } else {
+      // Read on the host; the state lives where its parameter does (a GPU).
+      const auto device = held.tensors[i].parameter.device();
+      for (auto& [key, value] : optimizer_values[i])
+        if (key != "step") value = value.to(device);
       detail::set_optimizer_state(*optimizer, held.tensors[i].parameter, optimizer_values[i]);
     }
   }

@@ -23,7 +23,7 @@ std::string dtype_name_of(const torch::Tensor& t) { return dtype_name(t.scalar_t
 }  // namespace
 
 FlatParameter::FlatParameter(std::vector<std::string> names, std::vector<torch::Tensor> params, int group_size,
-                             int group_rank, torch::ScalarType compute_dtype)
+                             int group_rank, torch::ScalarType compute_dtype, std::optional<torch::Device> device)
     : compute_dtype_(compute_dtype) {
   if (params.empty()) {
     // A unit without parameters (a root whose children are all units):
@@ -31,9 +31,10 @@ FlatParameter::FlatParameter(std::vector<std::string> names, std::vector<torch::
     full_is_shard_ = true;
     return;
   }
-  const auto master = params.front().options().requires_grad(false);
+  const auto first = params.front().options().requires_grad(false);
+  const auto master = device ? first.device(*device) : first;
   for (size_t i = 0; i < params.size(); ++i) {
-    if (params[i].scalar_type() != master.dtype().toScalarType() || params[i].device() != master.device()) {
+    if (params[i].scalar_type() != first.dtype().toScalarType() || params[i].device() != first.device()) {
       throw std::invalid_argument("FSDP: parameter '" + names[i] + "' is " + dtype_name_of(params[i]) +
                                   " but '" + names[0] + "' in the same unit is " + dtype_name_of(params[0]) +
                                   "; a unit's parameters must share dtype and device");

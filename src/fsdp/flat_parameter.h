@@ -19,6 +19,8 @@
 
 #include <torch/types.h>
 
+#include <optional>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -41,8 +43,10 @@ class FlatParameter {
   // The parameters' current values must be identical on every rank. A
   // deferred parameter (dtrain/deferred_init.h) keeps its place in the
   // layout, zeros in the shard and no storage until take_piece(i).
+  // `device`: where the shard lives (unset: the parameters' device); each
+  // piece is copied there as it is taken.
   FlatParameter(std::vector<std::string> names, std::vector<torch::Tensor> params, int group_size, int group_rank,
-                torch::ScalarType compute_dtype);
+                torch::ScalarType compute_dtype, std::optional<torch::Device> device = std::nullopt);
 
   int64_t numel() const { return numel_; }
   int64_t padded_numel() const { return padded_numel_; }

@@ -30,7 +30,7 @@ Unit::Unit(std::string name, const torch::nn::Module* module, std::vector<std::s
       trace_name_(trace::intern(name_.empty() ? "(root)" : name_)),
       module_(module),
       flat_(std::move(parameter_names), std::move(parameters), groups.shard->size(), groups.shard->rank(),
-            options.mixed_precision.param_dtype),
+            options.mixed_precision.param_dtype, options.device),
       groups_(groups),
       options_(options) {
   auto override_it = options.compression_by_unit.find(name_);

@@ -5,6 +5,7 @@
 #include "dtrain/hugging_face.h"
 #include "dtrain/strategy_table.h"
 #include "dtrain/tokenizer.h"
+#include "train/device.h"
 #include "train/model.h"
 #include "train/strategy.h"
 #include "train/training_data.h"
@@ -317,8 +318,9 @@ void check_train_config(const TrainConfig& c, int world_size) {
   }
   check_data(c);
 
+  train::resolve_device(c);  // --device cuda on a machine without a GPU, or with a CPU-only strategy
   train::check_strategy({.name = c.strategy, .compress = c.compress, .mixed_precision = c.mixed_precision,
-                         .fsdp_prefetch = c.fsdp_prefetch,
+                         .reduce_dtype = c.reduce_dtype, .fsdp_prefetch = c.fsdp_prefetch,
                          .fsdp_compress = c.fsdp_compress},
                         data_ranks);
   check_features(c, strategy_info(c.strategy));

@@ -1,5 +1,7 @@
 #include "train/evaluate.h"
 
+#include "train/device.h"
+
 #include <torch/types.h>
 #include <torch/utils.h>
 
@@ -11,7 +13,7 @@
 namespace dtrain::train {
 
 Evaluation evaluate(const Forward& forward, Model& model, const data::Dataset& validation, int64_t count, int64_t chunk,
-                    Communicator& world) {
+                    Communicator& world, const torch::Device& device) {
   const auto part_loss = [&](const data::Batch& batch) {
     const torch::Tensor logits = forward(batch.inputs);
     PartTotals totals;
@@ -19,11 +21,11 @@ Evaluation evaluate(const Forward& forward, Model& model, const data::Dataset& v
     if (model.classification) totals.correct = logits.argmax(1).eq(batch.targets).sum().item<double>();
     return totals;
   };
-  return evaluate(part_loss, model, validation, count, chunk, world);
+  return evaluate(part_loss, model, validation, count, chunk, world, device);
 }
 
 Evaluation evaluate(const PartLoss& part_loss, Model& model, const data::Dataset& validation, int64_t count,
-                    int64_t chunk, Communicator& world) {
+                    int64_t chunk, Communicator& world, const torch::Device& device) {
   const int world_size = world.size();
   if (count < world_size || count > validation.size())
     throw std::invalid_argument("evaluate: " + std::to_string(count) + " samples for " + std::to_string(world_size) +
@@ -43,7 +45,7 @@ Evaluation evaluate(const PartLoss& part_loss, Model& model, const data::Dataset
     const ShardRange mine = shard_range(in_chunk.count, world_size, world.rank());
     std::vector<int64_t> indices(static_cast<size_t>(mine.count));
     std::iota(indices.begin(), indices.end(), in_chunk.offset + mine.offset);
-    const PartTotals totals = part_loss(validation.get_batch(indices));
+    const PartTotals totals = part_loss(batch_on(validation.get_batch(indices), device));
     loss_sum += totals.loss_sum;
     correct += totals.correct;
   }

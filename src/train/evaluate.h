@@ -26,8 +26,9 @@ struct Evaluation {
 // parameter-server worker's plain module). The model's training flag is
 // restored afterwards.
 using Forward = std::function<torch::Tensor(const torch::Tensor& inputs)>;
+// Each batch goes to `device` (--device) first.
 Evaluation evaluate(const Forward& forward, Model& model, const data::Dataset& validation, int64_t count, int64_t chunk,
-                    Communicator& world);
+                    Communicator& world, const torch::Device& device = torch::kCPU);
 
 // The same with each rank's part of a chunk evaluated by `part_loss`: the
 // sum of its per-sample losses and (classification) its correct
@@ -38,6 +39,6 @@ struct PartTotals {
 };
 using PartLoss = std::function<PartTotals(const data::Batch& part)>;
 Evaluation evaluate(const PartLoss& part_loss, Model& model, const data::Dataset& validation, int64_t count,
-                    int64_t chunk, Communicator& world);
+                    int64_t chunk, Communicator& world, const torch::Device& device = torch::kCPU);
 
 }  // namespace dtrain::train

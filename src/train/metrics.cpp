@@ -1,5 +1,7 @@
 #include "train/metrics.h"
 
+#include "train/step_loop.h"
+
 #include "dtrain/train.h"
 #include "train/stop_signals.h"
 
@@ -57,7 +59,7 @@ void MetricsWriter::write(const nlohmann::ordered_json& record) {
 }
 
 void StepLog::record(int64_t done, int64_t total, double loss, double lr, double step_seconds,
-                     double units_per_step) {
+                     double units_per_step, const StepOutcome& outcome) {
   window_seconds_ += step_seconds;
   ++window_steps_;
   // A line for every multiple of log_every reached, even when `done` jumped
@@ -67,8 +69,17 @@ void StepLog::record(int64_t done, int64_t total, double loss, double lr, double
   if (!crossed && done != total) return;
   logged_ = done;
   const double step_time = window_seconds_ / static_cast<double>(window_steps_);
-  metrics_.write({{"step", done}, {"loss", loss}, {"lr", lr}, {"step_time_s", step_time},
-                  {rate_key_, units_per_step / step_time}});
+  nlohmann::ordered_json line = {{"step", done}, {"loss", loss}, {"lr", lr}, {"step_time_s", step_time},
+                                 {rate_key_, units_per_step / step_time}};
+  if (flops_per_unit_ > 0 && peak_flops_ > 0) {
+    line["mfu"] = units_per_step / step_time * flops_per_unit_ / peak_flops_;
+    line["peak_tflops"] = peak_flops_ / 1e12;
+  }
+  if (!outcome.device_reserved_bytes_per_rank.empty()) {
+    line["cuda_allocated_peak_bytes"] = outcome.peak_bytes_per_rank;
+    line["cuda_reserved_peak_bytes"] = outcome.device_reserved_bytes_per_rank;
+  }
+  metrics_.write(line);
   window_seconds_ = 0;
   window_steps_ = 0;
 }

@@ -16,6 +16,8 @@ struct TrainResult;
 
 namespace dtrain::train {
 
+struct StepOutcome;
+
 // The fields every run's last metrics line has ("final": true, steps, loss,
 // eval_loss, ..., stopped_by), from `result`; each loop adds its own after them.
 nlohmann::ordered_json final_record(const TrainConfig& config, const TrainResult& result, int64_t parameters);
@@ -48,8 +50,16 @@ class StepLog {
   StepLog(MetricsWriter& metrics, int64_t log_every, std::string rate_key)
       : metrics_(metrics), log_every_(log_every), rate_key_(std::move(rate_key)) {}
 
-  // Step `done` of `total` took `step_seconds` on `units_per_step` samples or tokens.
-  void record(int64_t done, int64_t total, double loss, double lr, double step_seconds, double units_per_step);
+  // Step `done` of `total` took `step_seconds` on `units_per_step` samples
+  // or tokens. With utilisation set, the line has the window's "mfu" and
+  // "peak_tflops"; on a GPU, the caching allocator's peaks per rank so far
+  // ("cuda_allocated_peak_bytes", "cuda_reserved_peak_bytes").
+  void record(int64_t done, int64_t total, double loss, double lr, double step_seconds, double units_per_step,
+              const StepOutcome& outcome);
+  void set_utilization(double flops_per_unit, double peak_flops) {
+    flops_per_unit_ = flops_per_unit;
+    peak_flops_ = peak_flops;
+  }
 
  private:
   MetricsWriter& metrics_;
@@ -58,6 +68,7 @@ class StepLog {
   double window_seconds_ = 0;
   int64_t window_steps_ = 0;
   int64_t logged_ = -1;  // the last step given a line; -1 before the first
+  double flops_per_unit_ = 0, peak_flops_ = 0;
 };
 
 }  // namespace dtrain::train

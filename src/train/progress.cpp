@@ -19,6 +19,11 @@ std::string format_line(const ProgressSnapshot& s) {
                 static_cast<long long>(s.total), s.loss, s.rate, s.rate_unit.c_str(),
                 format_duration(s.eta_s).c_str());
   std::string line = head;
+  if (s.mfu > 0) {
+    char mfu[32];
+    std::snprintf(mfu, sizeof(mfu), "  MFU %.1f%%", 100 * s.mfu);
+    line += mfu;
+  }
   if (!s.peak_bytes_per_rank.empty()) {
     line += "  peak mem";
     for (size_t rank = 0; rank < s.peak_bytes_per_rank.size(); ++rank)

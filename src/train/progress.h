@@ -17,6 +17,7 @@ struct ProgressSnapshot {
   std::string rate_unit;  // "samples/s" or "tokens/s"
   double eta_s = 0;
   std::vector<int64_t> peak_bytes_per_rank;
+  double mfu = 0;  // model FLOPs utilisation over the recent steps; 0 = unknown (not shown)
 };
 
 class ProgressLine {

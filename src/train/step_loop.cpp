@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cmath>
 #include <iostream>
+#include <algorithm>
 #include <numeric>
 #include <stdexcept>
 
@@ -39,6 +40,24 @@ StepLoop::StepLoop(const TrainConfig& config, int64_t total, double units_per_st
   const RestartState restarts = restart_state_from_environment();
   result_.restarts = restarts.restarts;
   result_.steps_lost = restarts.steps_lost;
+}
+
+void StepLoop::set_utilization(double flops_per_unit, double peak_flops) {
+  flops_per_unit_ = flops_per_unit;
+  peak_flops_ = peak_flops;
+  step_log_.set_utilization(flops_per_unit, peak_flops);
+}
+
+double StepLoop::mfu_of(double step_seconds) const {
+  if (flops_per_unit_ <= 0 || peak_flops_ <= 0 || step_seconds <= 0) return 0;
+  return units_per_step_ * flops_per_unit_ / step_seconds / peak_flops_;
+}
+
+double StepLoop::median_mfu() const {
+  if (step_times_.empty()) return 0;
+  std::vector<double> sorted = step_times_;
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
+  return mfu_of(sorted[sorted.size() / 2]);
 }
 
 void StepLoop::message(const std::string& text) {
@@ -120,9 +139,10 @@ void StepLoop::record(int64_t done, const StepOutcome& outcome, double step_seco
                       .rate = units_per_step_ / recent_step,
                       .rate_unit = unit_ + "/s",
                       .eta_s = recent_step * static_cast<double>(total_ - done),
-                      .peak_bytes_per_rank = outcome.peak_bytes_per_rank});
+                      .peak_bytes_per_rank = outcome.peak_bytes_per_rank,
+                      .mfu = mfu_of(recent_step)});
   }
-  step_log_.record(done, total_, outcome.loss, outcome.lr, step_seconds, units_per_step_);
+  step_log_.record(done, total_, outcome.loss, outcome.lr, step_seconds, units_per_step_, outcome);
 }
 
 }  // namespace dtrain::train

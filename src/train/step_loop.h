@@ -27,7 +27,8 @@ struct StepOutcome {
   double grad_norm = 0;  // before clipping; 0 unless --grad-clip or --on-nonfinite skip needed it
   bool skipped = false;  // --on-nonfinite skip left the update out
   bool stop_requested = false;  // SIGINT/SIGTERM on some rank (every rank learns it in the same step)
-  std::vector<int64_t> peak_bytes_per_rank;  // for the progress line
+  std::vector<int64_t> peak_bytes_per_rank;  // for the progress line (on a GPU: the caching allocator's allocated)
+  std::vector<int64_t> device_reserved_bytes_per_rank;  // on a GPU: the caching allocator's reserved; else empty
 };
 
 // One strategy's side of the loop.
@@ -68,6 +69,13 @@ class StepLoop {
   void finish() { progress_.finish(); }
   const std::vector<double>& step_times() const { return step_times_; }
 
+  // MFU on the progress line and in the metrics: the model's FLOPs per
+  // sample or token (peak_flops.h) and the job's peak FLOP/s; either 0
+  // leaves MFU out.
+  void set_utilization(double flops_per_unit, double peak_flops);
+  // The median step's MFU so far (0 when unknown).
+  double median_mfu() const;
+
  private:
   void record(int64_t done, const StepOutcome& outcome, double step_seconds);
   void rebalance(StepSource& source, int64_t done);
@@ -84,6 +92,8 @@ class StepLoop {
   StepLog step_log_;
   std::vector<double> step_times_;
   std::deque<double> recent_;  // the last step times, for rate and ETA
+  double flops_per_unit_ = 0, peak_flops_ = 0;
+  double mfu_of(double step_seconds) const;
 };
 
 }  // namespace dtrain::train

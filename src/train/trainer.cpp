@@ -22,6 +22,8 @@
 #include "dtrain/trace.h"
 #include "train/background_checkpoints.h"
 #include "train/checkpointing.h"
+#include "train/cuda_runtime.h"
+#include "train/device.h"
 #include "train/evaluate.h"
 #include "train/initial_weights.h"
 #include "train/lr_schedule.h"
@@ -29,6 +31,7 @@
 #include "train/metrics.h"
 #include "train/model.h"
 #include "train/optimizer.h"
+#include "train/peak_flops.h"
 #include "train/progress.h"
 #include "train/run_checkpoints.h"
 #include "train/ps_training.h"
@@ -60,6 +63,33 @@
 namespace dtrain {
 namespace {
 
+// MFU's denominator: rank 0 finds its device's peak for the compute dtype
+// (--peak-tflops, the machine's cache or a GEMM probe) while the others
+// wait, so that no probe competes with another rank for the device; every
+// rank's share counts (ranks sharing a GPU share its peak). It runs before
+// the tracking allocator starts counting: the probe's matrices are no part
+// of any peak.
+train::PeakFlops job_peak_flops(const TrainConfig& config, const torch::Device& device, const CommPtr& world) {
+  auto peak = torch::zeros({1}, torch::kFloat64);
+  std::string source;
+  if (world->rank() == 0) {
+    const auto dtype = config.mixed_precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+    const train::PeakFlops measured = train::peak_flops(config, device, dtype);
+    peak[0] = measured.flops;
+    source = measured.source;
+  }
+  world->blocking().broadcast(peak, 0);
+  int shares = world->size();
+  if (device.is_cuda()) {
+    // Ranks on one node share its GPUs: count each GPU once.
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    const int per_node = local ? std::max(1, std::atoi(local)) : world->size();
+    const int nodes = std::max(1, world->size() / per_node);
+    shares = nodes * std::min(per_node, train::cuda::device_count());
+  }
+  return {peak[0].item<double>() * shares, source};
+}
+
 // One data-parallel run on this rank (single, ddp and the sharded
 // strategies): set up in the constructor, then run() steps through the
 // shared StepLoop (this class is its StepSource), evaluates and reports.
@@ -85,6 +115,7 @@ class DataParallelRun final : public train::StepSource {
   void print_banner() const;
   int64_t resume();
   void measure_start_peak();
+  std::vector<int64_t> device_peaks() const;
   void finish(double train_seconds);
   void print_summary(double train_seconds) const;
 
@@ -104,6 +135,9 @@ class DataParallelRun final : public train::StepSource {
   // its shard) on the first and last stage, for pp::sum_tied_gradients.
   torch::Tensor tied_weight_;
   const bool printing_;
+  // --device: this rank's (cpu, or cuda:LOCAL_RANK); batches move there.
+  const torch::Device device_;
+  const train::PeakFlops peak_flops_;  // the whole job's (every rank's share summed)
   train::TrainingData data_;
   std::optional<data::DistributedSampler> sampler_;  // rebuilt with --balance's local batch sizes
   train::Stragglers stragglers_;
@@ -121,6 +155,9 @@ class DataParallelRun final : public train::StepSource {
   torch::Tensor construction_peaks_;  // per rank
   std::string step_advice_;
   std::vector<int64_t> peaks_;  // per rank, the steps' peak so far
+  // On a GPU: the CUDA caching allocator's peaks per rank (allocated,
+  // reserved) over the steps; the progress line's "peak mem" is allocated.
+  std::vector<int64_t> cuda_allocated_, cuda_reserved_;
   std::optional<train::StepLoop> loop_;
   int64_t next_step_ = 0;
   int64_t last_saved_ = 0;
@@ -142,6 +179,8 @@ DataParallelRun::DataParallelRun(const TrainConfig& config, CommPtr world)
       dp_rank_(data_world_->rank()),
       part_leader_(rank_ % (config.pp * config.tp) == 0),  // dp is the outermost dimension
       printing_(config.print && rank_ == 0),
+      device_(train::resolve_device(config)),
+      peak_flops_((train::prepare_device(config, device_), job_peak_flops(config, device_, world_))),
       data_((memory::install_tracking_allocator(), train::load_training_data(config))),
       stragglers_(config, rank_, rank_, world_size_) {  // --slow-rank, --balance
   make_sampler({});
@@ -183,8 +222,10 @@ void DataParallelRun::build() {
   if (mesh_) model_.mesh = &*mesh_;
   strategy_ = train::wrap_model(
       model_, {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision,
+               .reduce_dtype = config_.reduce_dtype,
                .fsdp_prefetch = config_.fsdp_prefetch, .fsdp_compress = config_.fsdp_compress,
-               .gather_per_microbatch = config_.pp_gather == "microbatch"},
+               .gather_per_microbatch = config_.pp_gather == "microbatch",
+               .device = device_.is_cuda() ? std::optional<torch::Device>(device_) : std::nullopt},
       data_world_);
   if (pipeline_) tied_weight_ = strategy_->updated_tensor("wte.weight");
   if (!config_.init_from.empty()) {
@@ -210,6 +251,10 @@ void DataParallelRun::print_banner() const {
             << " on " << world_size_ << (world_size_ == 1 ? " rank" : " ranks")
             << (mesh_ ? ", mesh " + mesh_->describe() : std::string()) << " (" << world_->backend_name() << "), " << at::get_num_threads() << (at::get_num_threads() == 1 ? " thread" : " threads")
             << " per rank\n"
+            << "  device    " << train::describe_device(device_)
+            << (c.mixed_precision == "bf16" ? ", bf16 compute (fp32 master weights, " + c.reduce_dtype + " reduction)"
+                                            : std::string(device_.is_cuda() && c.tf32 ? ", fp32 (TF32 matmuls)" : ", fp32"))
+            << "\n"
             << "  schedule  " << total_ << " steps of " << c.batch_size << " samples";
   if (c.epochs > 0) std::cout << " (" << c.epochs << (c.epochs == 1 ? " epoch" : " epochs") << ")";
   std::cout << ", " << c.optimizer << " lr " << c.lr;
@@ -233,7 +278,15 @@ void DataParallelRun::measure_start_peak() {
   construction_peaks_[rank_] = static_cast<double>(training_bytes());
   world_->blocking().all_reduce(construction_peaks_, ReduceOp::Sum);
   memory::reset_peak();
+  if (device_.is_cuda()) train::cuda::reset_memory_peaks(device_.index());
   step_advice_ = train::step_advice(config_);
+}
+
+// This rank's peaks since the last reset: host bytes the tracking allocator
+// saw, then (on a GPU) the caching allocator's allocated and reserved bytes.
+std::vector<int64_t> DataParallelRun::device_peaks() const {
+  const auto cuda_peaks = device_.is_cuda() ? train::cuda::memory_peaks(device_.index()) : train::cuda::MemoryPeaks{};
+  return {training_bytes(), cuda_peaks.allocated, cuda_peaks.reserved};
 }
 
 // Forward, backward, clipping and the update of one step, then one small
@@ -248,7 +301,7 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   if (part_leader_)  // DTRAIN_TEST_SAMPLE_LOG: one record per batch part
     train::log_samples(dp_size_, dp_rank_, step, sampler_->options().dataset_size,
                        sampler_->options().global_batch_size, local_indices);
-  const data::Batch part = data_.train->get_batch(local_indices);
+  const data::Batch part = train::batch_on(data_.train->get_batch(local_indices), device_);
   stragglers_.begin();
   optimizer_->zero_grad();
   const double local_sum = pipeline_ ? pipeline_forward_and_backward(step, part) : forward_and_backward(step, part);
@@ -268,16 +321,25 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   }
   trace::sample_memory();
 
-  auto stats = torch::zeros({2 + world_size_}, torch::kFloat64);
+  auto stats = torch::zeros({2 + 3 * world_size_}, torch::kFloat64);
   auto values = stats.accessor<double, 1>();
   values[0] = part_leader_ ? local_sum : 0.0;  // the part's loss (on every rank of its dp index), once
   values[1] = static_cast<double>(train::StopSignals::received());
-  values[2 + rank_] = static_cast<double>(training_bytes());
+  const std::vector<int64_t> mine = device_peaks();
+  for (int k = 0; k < 3; ++k) values[2 + k * world_size_ + rank_] = static_cast<double>(mine[static_cast<size_t>(k)]);
   world_->blocking().all_reduce(stats, ReduceOp::Sum);
   outcome.loss = values[0] / static_cast<double>(config_.batch_size);
   outcome.stop_requested = values[1] != 0;
-  for (int r = 0; r < world_size_; ++r) peaks_[static_cast<size_t>(r)] = static_cast<int64_t>(values[2 + r]);
-  outcome.peak_bytes_per_rank = peaks_;
+  for (int r = 0; r < world_size_; ++r) {
+    const auto at = [&](int k) { return static_cast<int64_t>(values[2 + k * world_size_ + r]); };
+    peaks_[static_cast<size_t>(r)] = at(0);
+    if (device_.is_cuda()) {
+      cuda_allocated_[static_cast<size_t>(r)] = at(1);
+      cuda_reserved_[static_cast<size_t>(r)] = at(2);
+    }
+  }
+  outcome.peak_bytes_per_rank = device_.is_cuda() ? cuda_allocated_ : peaks_;
+  if (device_.is_cuda()) outcome.device_reserved_bytes_per_rank = cuda_reserved_;
   return outcome;
 }
 
@@ -334,7 +396,7 @@ double DataParallelRun::pipeline_forward_and_backward(int64_t step, const data::
 train::Evaluation DataParallelRun::evaluate() {
   if (!pipeline_) {
     return train::evaluate([&](const torch::Tensor& inputs) { return strategy_->forward(inputs); }, model_,
-                           *data_.validation, eval_count_, eval_chunk_, *data_world_);
+                           *data_.validation, eval_count_, eval_chunk_, *data_world_, device_);
   }
   const auto part_loss = [&](const data::Batch& part) {
     train::PartTotals totals;
@@ -344,7 +406,7 @@ train::Evaluation DataParallelRun::evaluate() {
         part.inputs, part.targets, activation_shape(0));
     return totals;
   };
-  return train::evaluate(part_loss, model_, *data_.validation, eval_count_, eval_chunk_, *data_world_);
+  return train::evaluate(part_loss, model_, *data_.validation, eval_count_, eval_chunk_, *data_world_, device_);
 }
 
 void DataParallelRun::save_checkpoint(int64_t step) {
@@ -370,10 +432,13 @@ TrainResult DataParallelRun::run() {
 
   result_.world_size = world_size_;
   peaks_.assign(static_cast<size_t>(world_size_), 0);
+  cuda_allocated_.assign(static_cast<size_t>(world_size_), 0);
+  cuda_reserved_.assign(static_cast<size_t>(world_size_), 0);
   last_saved_ = first_step;
   next_step_ = first_step;
   if (config_.checkpoint_async) background_.emplace(config_, total_, first_step, world_);
   loop_.emplace(config_, total_, units_per_step_, data_.unit, printing_, metrics_, stragglers_, result_);
+  loop_->set_utilization(train::model_flops_per_unit(config_, model_.parameters), peak_flops_.flops);
 
   const auto run_start = SteadyClock::now();
   model_.module->train();
@@ -410,7 +475,8 @@ void DataParallelRun::finish(double train_seconds) {
         {.count = config_.samples, .bytes = config_.sample_bytes, .prompt = config_.sample_prompt, .seed = config_.seed,
          .tokenizer = tokenizer ? &*tokenizer : nullptr},
         [&](const torch::Tensor& tokens) {
-          if (!pipeline_) return model_.full_logits(strategy_->forward(tokens));
+          // Sampling draws on the host; the model runs on this rank's device.
+          if (!pipeline_) return model_.full_logits(strategy_->forward(tokens.to(device_))).to(torch::kCPU);
           const int64_t n = tokens.size(0), t = tokens.size(1);
           return model_.full_logits(pipeline_->infer([&](const torch::Tensor& x) { return strategy_->forward(x); },
                                                      tokens, {n, t, config_.gpt_dim},
@@ -449,6 +515,16 @@ void DataParallelRun::finish(double train_seconds) {
   final_line["local_batch_sizes"] = stragglers_.local_batch_sizes();  // --balance; [] = the even split
   final_line["train_time_s"] = train_seconds;
   final_line["mesh"] = {{"dp", dp_size_}, {"pp", config_.pp}, {"tp", config_.tp}};
+  final_line["device"] = device_.str();
+  if (const double mfu = loop_->median_mfu(); mfu > 0) {
+    final_line["mfu"] = mfu;  // of the median step
+    final_line["peak_tflops"] = peak_flops_.flops / 1e12;
+    final_line["peak_flops_source"] = peak_flops_.source;
+  }
+  if (device_.is_cuda()) {
+    final_line["cuda_allocated_peak_bytes"] = cuda_allocated_;
+    final_line["cuda_reserved_peak_bytes"] = cuda_reserved_;
+  }
   if (pipeline_)
     final_line["pipeline"] = {{"schedule", config_.schedule}, {"microbatches", config_.microbatches},
                               {"gather", config_.pp_gather}};
@@ -486,9 +562,17 @@ void DataParallelRun::print_summary(double train_seconds) const {
   text << "done: " << total_ << " steps";
   if (result_.resumed_from_step > 0) text << " (" << total_ - result_.resumed_from_step << " after resuming)";
   if (result_.skipped_steps > 0) text << ", " << result_.skipped_steps << " skipped (non-finite)";
-  text << " in " << train::format_duration(train_seconds) << " (median step " << result_.step_time_s_median
-       << " s); peak memory per rank " << train::per_rank_bytes(result_.peak_memory_bytes_per_rank) << ", peak RSS "
+  text << " in " << train::format_duration(train_seconds) << " (median step " << result_.step_time_s_median << " s";
+  if (const double mfu = loop_->median_mfu(); mfu > 0) {
+    text.precision(1);
+    text << ", MFU " << 100 * mfu << "% of " << peak_flops_.flops / 1e12 << " TFLOP/s";
+    text.precision(3);
+  }
+  text << "); peak memory per rank " << train::per_rank_bytes(result_.peak_memory_bytes_per_rank) << ", peak RSS "
        << train::format_bytes(result_.peak_rss_bytes) << "\n";
+  if (device_.is_cuda())
+    text << "CUDA caching allocator per rank: peak allocated " << train::per_rank_bytes(cuda_allocated_)
+         << ", peak reserved " << train::per_rank_bytes(cuda_reserved_) << "\n";
   if (auto memory = train::memory_summary(config_, world_size_, result_)) text << *memory << "\n";
   if (!result_.fsdp_prefetch.empty()) text << train::prefetch_line(config_, result_) << "\n";
   std::cout << text.str() << std::flush;

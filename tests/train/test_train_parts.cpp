@@ -7,6 +7,7 @@
 #include "dtrain/train.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
+#include "train/step_loop.h"
 #include "train/progress.h"
 
 #include <c10/core/CPUAllocator.h>
@@ -176,7 +177,7 @@ TEST(Metrics, StepLogLinesSurviveJumps) {
     {
       dtrain::train::MetricsWriter writer(path.string());
       dtrain::train::StepLog log(writer, log_every, "samples_per_s");
-      for (int64_t done : dones) log.record(done, total, 1.0, 0.1, 0.01, 10);
+      for (int64_t done : dones) log.record(done, total, 1.0, 0.1, 0.01, 10, dtrain::train::StepOutcome{});
     }
     std::ifstream in(path);
     for (std::string line; std::getline(in, line);) logged.push_back(nlohmann::json::parse(line).at("step").get<int64_t>());

@@ -1,0 +1,119 @@
+#include "train/peak_flops.h"
+
+#include "dtrain/train.h"
+#include "train/cuda_runtime.h"
+#include "common/timing.h"
+
+#include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+namespace dtrain::train {
+namespace fs = std::filesystem;
+namespace {
+
+bool is_transformer(const std::string& model) { return model == "gpt" || model == "gpt2" || model == "llama"; }
+
+fs::path cache_file() {
+  if (const char* dir = std::getenv("DTRAIN_CACHE_DIR"); dir && *dir) return fs::path(dir) / "peak_flops.json";
+  if (const char* dir = std::getenv("XDG_CACHE_HOME"); dir && *dir) return fs::path(dir) / "dtrain" / "peak_flops.json";
+  if (const char* home = std::getenv("HOME"); home && *home) return fs::path(home) / ".cache" / "dtrain" / "peak_flops.json";
+  return {};
+}
+
+std::string cpu_model() {
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "cpu";
+}
+
+// What the measurement depends on: the device, the dtype, and on the CPU
+// the threads a rank computes with.
+std::string cache_key(const TrainConfig& config, const torch::Device& device, torch::ScalarType dtype) {
+  std::string key = device.is_cuda() ? cuda::device_name(device.index()) : cpu_model();
+  key += std::string(" ") + c10::toString(dtype);
+  if (device.is_cuda() && dtype == torch::kFloat32) key += config.tf32 ? " tf32" : " no-tf32";
+  if (!device.is_cuda()) key += " threads=" + std::to_string(at::get_num_threads());
+  return key;
+}
+
+nlohmann::json read_cache(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in) return nlohmann::json::object();
+  auto cached = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return cached.is_object() ? cached : nlohmann::json::object();
+}
+
+// Best-effort: a cache that cannot be written costs a probe next time.
+// Written to a private file and renamed, so concurrent runs never see half.
+void write_cache(const fs::path& file, const std::string& key, double flops) {
+  std::error_code error;
+  fs::create_directories(file.parent_path(), error);
+  auto cached = read_cache(file);
+  cached[key] = flops / 1e12;
+  const fs::path temporary = file.string() + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(temporary);
+    if (!(out << cached.dump(2) << '\n')) return;
+  }
+  fs::rename(temporary, file, error);
+  if (error) fs::remove(temporary, error);
+}
+
+// The best rate of a square matrix product in `dtype`, large enough to
+// reach the device's steady state (n = 8192 on a GPU, 1024 on the CPU).
+double measure(const torch::Device& device, torch::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  const int64_t n = device.is_cuda() ? 8192 : 1024;
+  const int repeats = device.is_cuda() ? 20 : 3;
+  const auto options = torch::TensorOptions().device(device).dtype(dtype);
+  const auto a = torch::randn({n, n}, options), b = torch::randn({n, n}, options);
+  auto c = torch::empty({n, n}, options);
+  const auto sync = [&] {
+    if (device.is_cuda()) cuda::synchronize(device.index());
+  };
+  torch::mm_out(c, a, b);  // warm up: kernels chosen, memory in place
+  sync();
+  double best = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    const auto start = SteadyClock::now();
+    for (int i = 0; i < repeats; ++i) torch::mm_out(c, a, b);
+    sync();
+    best = std::min(best, seconds_since(start) / repeats);
+  }
+  return 2.0 * static_cast<double>(n * n * n) / best;
+}
+
+}  // namespace
+
+double model_flops_per_unit(const TrainConfig& config, int64_t parameters) {
+  const double n = static_cast<double>(parameters);
+  if (is_transformer(config.model))
+    return 6 * n + 12.0 * static_cast<double>(config.gpt_layers * config.seq_len * config.gpt_dim);
+  if (config.model == "mlp") return 6 * n;
+  return 0;
+}
+
+PeakFlops peak_flops(const TrainConfig& config, const torch::Device& device, torch::ScalarType dtype) {
+  if (config.peak_tflops > 0) return {config.peak_tflops * 1e12, "--peak-tflops"};
+  const fs::path file = cache_file();
+  const std::string key = cache_key(config, device, dtype);
+  if (!file.empty()) {
+    const auto cached = read_cache(file);
+    if (auto it = cached.find(key); it != cached.end() && it->is_number() && it->get<double>() > 0)
+      return {it->get<double>() * 1e12, "cached in " + file.string()};
+  }
+  const double flops = measure(device, dtype);
+  if (!file.empty()) write_cache(file, key, flops);
+  return {flops, "measured"};
+}
+
+}  // namespace dtrain::train

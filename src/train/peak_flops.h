@@ -1,0 +1,38 @@
+// Model FLOPs utilisation (MFU): the model's training FLOPs per second over
+// what the hardware can do. The numerator counts the FLOPs the model needs
+// (not what recomputation or padding adds); the denominator is the peak of
+// a dense matrix product in the compute dtype, measured once per machine by
+// a GEMM probe and cached, or given with --peak-tflops.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+
+namespace dtrain {
+struct TrainConfig;
+}
+
+namespace dtrain::train {
+
+// Training FLOPs per sample or token (the metrics' unit) of config.model
+// with `parameters` parameters: 6 per parameter per token (forward 2,
+// backward 4) plus attention's 12 * layers * seq_len * width for the
+// transformers; 6 per parameter per sample for the MLP; 0 (unknown) for the
+// CNN, whose convolutions reuse each weight at every position.
+double model_flops_per_unit(const TrainConfig& config, int64_t parameters);
+
+struct PeakFlops {
+  double flops = 0;    // per second, on one rank's share of the device
+  std::string source;  // "--peak-tflops", "measured", "cached in PATH"
+};
+
+// The peak of this rank's device for `dtype` (bf16 with --mixed-precision
+// bf16; fp32 otherwise, TF32 on GPUs with --tf32 on). From --peak-tflops,
+// else the cache ($DTRAIN_CACHE_DIR, else $XDG_CACHE_HOME/dtrain, else
+// ~/.cache/dtrain: peak_flops.json, keyed by device, dtype and threads),
+// else a GEMM probe of about a second whose result is cached.
+PeakFlops peak_flops(const TrainConfig& config, const torch::Device& device, torch::ScalarType dtype);
+
+}  // namespace dtrain::train
