@@ -49,13 +49,7 @@ tee_pid=$!
 
 started=$SECONDS
 status_line=()
-step() { echo; echo "=== [$((SECONDS - started))s] $*"; }
-note() { status_line+=("$1"); }
-# Seconds a step may take: its own limit or what is left before DEADLINE.
-budget() {
-  local left=$((DEADLINE - (SECONDS - started) - 10))
-  echo $((left < $1 ? (left > 1 ? left : 1) : $1))
-}
+. "$repo/scripts/device/step_budget.sh"
 finish() {
   local line="gpu_check: ${status_line[*]:-nothing ran} (${BUILD_DIR}, $((SECONDS - started))s)"
   echo "$line" >"$OUT/summary.txt"

@@ -388,12 +388,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   mkdir -p "$OUT"
   started=$SECONDS
   status_line=()
-  step() { echo; echo "=== [$((SECONDS - started))s] $*"; }
-  note() { status_line+=("$1"); }
-  budget() {
-    local left=$((DEADLINE - (SECONDS - started) - 10))
-    echo $((left < $1 ? (left > 1 ? left : 1) : $1))
-  }
+  . "$repo/scripts/device/step_budget.sh"
   gpu_runs_main
   echo "gpu_runs: ${status_line[*]:-nothing ran} ($((SECONDS - started))s)" >"$OUT/summary.txt"
   gpu_runs_finish
