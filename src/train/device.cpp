@@ -3,10 +3,11 @@
 #include "dtrain/strategy_table.h"
 #include "dtrain/train.h"
 #include "train/cuda_runtime.h"
+#include "comm/env.h"
 
 #include <ATen/Context.h>
 
-#include <cstdlib>
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -15,7 +16,7 @@ namespace {
 
 int local_rank() {
   for (const char* name : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"})
-    if (const char* value = std::getenv(name); value && *value) return std::atoi(value);
+    if (const auto value = env_int(name, 0, 1 << 20)) return *value;
   return 0;
 }
 
@@ -42,6 +43,13 @@ torch::Device resolve_device(const TrainConfig& config) {
     throw std::invalid_argument("--device " + config.device + ": --pp on a GPU is not available yet (the stages "
                                 "exchange host tensors); use --device cpu with --pp");
   return {torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank() % gpus)};
+}
+
+int devices_in_job(const torch::Device& device, int world_size) {
+  if (!device.is_cuda()) return world_size;
+  const int per_node = env_int("LOCAL_WORLD_SIZE", 1, 1 << 20).value_or(world_size);
+  const int nodes = std::max(1, world_size / per_node);
+  return nodes * std::min(per_node, cuda::device_count());
 }
 
 void prepare_device(const TrainConfig& config, const torch::Device& device) {

@@ -20,6 +20,11 @@ namespace dtrain::train {
 // std::invalid_argument "--device cuda: ..." naming what is missing.
 torch::Device resolve_device(const TrainConfig& config);
 
+// The devices the job's `world_size` ranks compute on, each counted once:
+// every rank on the CPU (each has its own cores); on GPUs, each node's
+// ranks (LOCAL_WORLD_SIZE) share its GPUs.
+int devices_in_job(const torch::Device& device, int world_size);
+
 // Makes `device` this thread's current CUDA device and applies --tf32; no-op on the CPU.
 void prepare_device(const TrainConfig& config, const torch::Device& device);
 

@@ -71,9 +71,9 @@ void StepLog::record(int64_t done, int64_t total, double loss, double lr, double
   const double step_time = window_seconds_ / static_cast<double>(window_steps_);
   nlohmann::ordered_json line = {{"step", done}, {"loss", loss}, {"lr", lr}, {"step_time_s", step_time},
                                  {rate_key_, units_per_step / step_time}};
-  if (flops_per_unit_ > 0 && peak_flops_ > 0) {
-    line["mfu"] = units_per_step / step_time * flops_per_unit_ / peak_flops_;
-    line["peak_tflops"] = peak_flops_ / 1e12;
+  if (utilization_.known()) {
+    line["mfu"] = utilization_.mfu(units_per_step / step_time);
+    line["peak_tflops"] = utilization_.peak_flops / 1e12;
   }
   if (!outcome.device_reserved_bytes_per_rank.empty()) {
     line["cuda_allocated_peak_bytes"] = outcome.peak_bytes_per_rank;

@@ -18,6 +18,16 @@ namespace dtrain::train {
 
 struct StepOutcome;
 
+// Model FLOPs utilisation: the model's FLOPs per sample or token
+// (peak_flops.h) over the job's peak FLOP/s; either 0: unknown.
+struct Utilization {
+  double flops_per_unit = 0;
+  double peak_flops = 0;
+  bool known() const { return flops_per_unit > 0 && peak_flops > 0; }
+  // At `units_per_s` samples or tokens per second; 0 when unknown.
+  double mfu(double units_per_s) const { return known() ? units_per_s * flops_per_unit / peak_flops : 0; }
+};
+
 // The fields every run's last metrics line has ("final": true, steps, loss,
 // eval_loss, ..., stopped_by), from `result`; each loop adds its own after them.
 nlohmann::ordered_json final_record(const TrainConfig& config, const TrainResult& result, int64_t parameters);
@@ -56,10 +66,8 @@ class StepLog {
   // ("cuda_allocated_peak_bytes", "cuda_reserved_peak_bytes").
   void record(int64_t done, int64_t total, double loss, double lr, double step_seconds, double units_per_step,
               const StepOutcome& outcome);
-  void set_utilization(double flops_per_unit, double peak_flops) {
-    flops_per_unit_ = flops_per_unit;
-    peak_flops_ = peak_flops;
-  }
+  void set_utilization(const Utilization& utilization) { utilization_ = utilization; }
+  const Utilization& utilization() const { return utilization_; }
 
  private:
   MetricsWriter& metrics_;
@@ -68,7 +76,7 @@ class StepLog {
   double window_seconds_ = 0;
   int64_t window_steps_ = 0;
   int64_t logged_ = -1;  // the last step given a line; -1 before the first
-  double flops_per_unit_ = 0, peak_flops_ = 0;
+  Utilization utilization_;
 };
 
 }  // namespace dtrain::train

@@ -19,8 +19,6 @@ namespace dtrain::train {
 namespace fs = std::filesystem;
 namespace {
 
-bool is_transformer(const std::string& model) { return model == "gpt" || model == "gpt2" || model == "llama"; }
-
 fs::path cache_file() {
   if (const char* dir = std::getenv("DTRAIN_CACHE_DIR"); dir && *dir) return fs::path(dir) / "peak_flops.json";
   if (const char* dir = std::getenv("XDG_CACHE_HOME"); dir && *dir) return fs::path(dir) / "dtrain" / "peak_flops.json";
@@ -96,7 +94,7 @@ double measure(const torch::Device& device, torch::ScalarType dtype) {
 
 double model_flops_per_unit(const TrainConfig& config, int64_t parameters) {
   const double n = static_cast<double>(parameters);
-  if (is_transformer(config.model))
+  if (is_language_model(config.model))
     return 6 * n + 12.0 * static_cast<double>(config.gpt_layers * config.seq_len * config.gpt_dim);
   if (config.model == "mlp") return 6 * n;
   return 0;

@@ -42,15 +42,8 @@ StepLoop::StepLoop(const TrainConfig& config, int64_t total, double units_per_st
   result_.steps_lost = restarts.steps_lost;
 }
 
-void StepLoop::set_utilization(double flops_per_unit, double peak_flops) {
-  flops_per_unit_ = flops_per_unit;
-  peak_flops_ = peak_flops;
-  step_log_.set_utilization(flops_per_unit, peak_flops);
-}
-
 double StepLoop::mfu_of(double step_seconds) const {
-  if (flops_per_unit_ <= 0 || peak_flops_ <= 0 || step_seconds <= 0) return 0;
-  return units_per_step_ * flops_per_unit_ / step_seconds / peak_flops_;
+  return step_seconds > 0 ? step_log_.utilization().mfu(units_per_step_ / step_seconds) : 0;
 }
 
 double StepLoop::median_mfu() const {

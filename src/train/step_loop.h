@@ -69,10 +69,8 @@ class StepLoop {
   void finish() { progress_.finish(); }
   const std::vector<double>& step_times() const { return step_times_; }
 
-  // MFU on the progress line and in the metrics: the model's FLOPs per
-  // sample or token (peak_flops.h) and the job's peak FLOP/s; either 0
-  // leaves MFU out.
-  void set_utilization(double flops_per_unit, double peak_flops);
+  // MFU on the progress line and in the metrics (unknown: left out).
+  void set_utilization(const Utilization& utilization) { step_log_.set_utilization(utilization); }
   // The median step's MFU so far (0 when unknown).
   double median_mfu() const;
 
@@ -92,7 +90,6 @@ class StepLoop {
   StepLog step_log_;
   std::vector<double> step_times_;
   std::deque<double> recent_;  // the last step times, for rate and ETA
-  double flops_per_unit_ = 0, peak_flops_ = 0;
   double mfu_of(double step_seconds) const;
 };
 

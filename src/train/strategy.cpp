@@ -321,34 +321,30 @@ void check_strategy(const StrategyOptions& options, int world_size) {
 
 std::unique_ptr<Strategy> wrap_model(Model& model, const StrategyOptions& options, CommPtr world) {
   check_strategy(options, world->size());
-  const StrategyEngine engine = strategy_info(options.name).engine;
-  if (options.device && engine != StrategyEngine::FSDP) model.module->to(*options.device);
-  if (engine == StrategyEngine::FSDP) {
-    auto sharded = std::make_unique<FullySharded>(model, world, fsdp_options(options, world->size()), options.name,
-                                                  options.gather_per_microbatch);
-    // The shards moved piece by piece; the buffers (a few, whole on every rank) follow.
-    if (options.device)
-      for (auto& buffer : model.module->buffers()) buffer.set_data(buffer.to(*options.device));
-    return sharded;
-  }
-  switch (engine) {
+  switch (strategy_info(options.name).engine) {
     case StrategyEngine::ParameterServer:
       throw std::invalid_argument("--strategy " + options.name + " does not wrap a model: run_training hands it to "
                                   "train::run_parameter_server (src/train/ps_training.h)");
-    case StrategyEngine::SingleProcess:
-      // bf16 compute with fp32 masters is DDP's mixed precision on one rank
-      // (its bucket "all-reduce" over one rank is a copy).
-      if (options.mixed_precision == "none") return std::make_unique<SingleProcess>(model);
-      [[fallthrough]];
-    case StrategyEngine::DDP: {
-      DDPOptions ddp_options;
-      ddp_options.comm_hook = hooks::by_name(options.compress);
-      if (options.mixed_precision != "none") ddp_options.mixed_precision = mixed_precision_of(options);
-      return std::make_unique<DataParallel>(model, std::move(world), std::move(ddp_options), options.name);
+    case StrategyEngine::FSDP: {
+      auto sharded = std::make_unique<FullySharded>(model, world, fsdp_options(options, world->size()), options.name,
+                                                    options.gather_per_microbatch);
+      // The shards moved piece by piece; the buffers (a few, whole on every rank) follow.
+      if (options.device)
+        for (auto& buffer : model.module->buffers()) buffer.set_data(buffer.to(*options.device));
+      return sharded;
     }
-    case StrategyEngine::FSDP: break;
+    case StrategyEngine::SingleProcess:
+    case StrategyEngine::DDP: break;
   }
-  throw std::logic_error("wrap_model: no engine for --strategy " + options.name);
+  if (options.device) model.module->to(*options.device);
+  // bf16 compute with fp32 masters on one process is DDP's mixed precision
+  // on its one rank (the bucket "all-reduce" over one rank is a copy).
+  if (strategy_info(options.name).engine == StrategyEngine::SingleProcess && options.mixed_precision == "none")
+    return std::make_unique<SingleProcess>(model);
+  DDPOptions ddp_options;
+  ddp_options.comm_hook = hooks::by_name(options.compress);
+  if (options.mixed_precision != "none") ddp_options.mixed_precision = mixed_precision_of(options);
+  return std::make_unique<DataParallel>(model, std::move(world), std::move(ddp_options), options.name);
 }
 
 }  // namespace train

@@ -79,15 +79,7 @@ train::PeakFlops job_peak_flops(const TrainConfig& config, const torch::Device& 
     source = measured.source;
   }
   world->blocking().broadcast(peak, 0);
-  int shares = world->size();
-  if (device.is_cuda()) {
-    // Ranks on one node share its GPUs: count each GPU once.
-    const char* local = std::getenv("LOCAL_WORLD_SIZE");
-    const int per_node = local ? std::max(1, std::atoi(local)) : world->size();
-    const int nodes = std::max(1, world->size() / per_node);
-    shares = nodes * std::min(per_node, train::cuda::device_count());
-  }
-  return {peak[0].item<double>() * shares, source};
+  return {peak[0].item<double>() * train::devices_in_job(device, world->size()), source};
 }
 
 // One data-parallel run on this rank (single, ddp and the sharded
@@ -438,7 +430,8 @@ TrainResult DataParallelRun::run() {
   next_step_ = first_step;
   if (config_.checkpoint_async) background_.emplace(config_, total_, first_step, world_);
   loop_.emplace(config_, total_, units_per_step_, data_.unit, printing_, metrics_, stragglers_, result_);
-  loop_->set_utilization(train::model_flops_per_unit(config_, model_.parameters), peak_flops_.flops);
+  loop_->set_utilization({.flops_per_unit = train::model_flops_per_unit(config_, model_.parameters),
+                          .peak_flops = peak_flops_.flops});
 
   const auto run_start = SteadyClock::now();
   model_.module->train();
