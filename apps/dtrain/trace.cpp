@@ -21,7 +21,9 @@ CLI::App* add_trace_subcommand(CLI::App& app, TraceFlags& flags) {
   summary->footer(
       "compute: the training thread computing, not blocked on communication. comm: communication in flight.\n"
       "exposed: the training thread blocked in a wait while communication ran. other = wall - compute - exposed.\n"
-      "overlap = 1 - exposed / comm: the share of communication hidden behind compute.");
+      "overlap = 1 - exposed / comm: the share of communication hidden behind compute.\n"
+      "On a GPU (--comm-streams on), a second table reads the same from spans timed on the device: compute on\n"
+      "the compute stream, comm on the communication streams, exposed where the compute stream stalled for them.");
   return summary;
 }
 
@@ -39,7 +41,12 @@ nlohmann::ordered_json to_json(const trace::RankSummary& r) {
           {"mean_step_ms", r.mean_step_us / 1000},
           {"collectives", r.collectives},
           {"collective_bytes", r.collective_bytes},
-          {"waits", r.waits}};
+          {"waits", r.waits},
+          {"device_timed", r.device_timed},
+          {"device_compute_ms", r.device_compute_us / 1000},
+          {"device_comm_ms", r.device_comm_us / 1000},
+          {"device_exposed_comm_ms", r.device_exposed_comm_us / 1000},
+          {"device_overlap", r.device_overlap}};
 }
 
 void print_table(const std::vector<trace::RankSummary>& ranks) {
@@ -49,6 +56,16 @@ void print_table(const std::vector<trace::RankSummary>& ranks) {
     std::printf("%4d %10.2f %11.2f %9.2f %11.2f %9.2f %7.1f%% %6lld %9.2f %11lld\n", r.rank, r.wall_us / 1000,
                 r.compute_us / 1000, r.comm_us / 1000, r.exposed_comm_us / 1000, r.other_us / 1000, 100 * r.overlap,
                 static_cast<long long>(r.steps), r.mean_step_us / 1000, static_cast<long long>(r.collectives));
+  }
+  bool any_device = false;
+  for (const auto& r : ranks) any_device = any_device || r.device_timed;
+  if (!any_device) return;
+  std::printf("\ntimed on the GPU (device_* spans):\n%4s %11s %9s %11s %8s\n", "rank", "compute ms", "comm ms",
+              "exposed ms", "overlap");
+  for (const auto& r : ranks) {
+    if (!r.device_timed) continue;
+    std::printf("%4d %11.2f %9.2f %11.2f %7.1f%%\n", r.rank, r.device_compute_us / 1000, r.device_comm_us / 1000,
+                r.device_exposed_comm_us / 1000, 100 * r.device_overlap);
   }
 }
 

@@ -70,6 +70,11 @@ struct DDPOptions {
   // come back in output_dtype. Unset: everything in the parameters' dtype.
   // See Note [DDP mixed precision] in src/ddp/compute_copies.h.
   std::optional<MixedPrecision> mixed_precision{};
+  // On a CUDA device: bucket all-reduces (and the comm hook's work) on a
+  // stream of their own, ordered against the compute stream by events (Note
+  // [communication streams] in src/common/comm_stream.h). false: issued from
+  // the compute stream. No effect on the CPU.
+  bool comm_streams = true;
 };
 
 // What the last synchronised backward pass cost.

@@ -82,6 +82,12 @@ struct FSDPOptions {
   // Recompute each unit's forward during its backward instead of keeping
   // its activations (units with one tensor input and one tensor output).
   bool activation_checkpointing = false;
+  // On a CUDA device: all-gathers on one stream of their own and gradient
+  // reductions on another, ordered against the compute stream by events, so
+  // a prefetched gather runs while the current unit computes (Note
+  // [communication streams] in src/common/comm_stream.h). false: every
+  // collective is issued from the compute stream. No effect on the CPU.
+  bool comm_streams = true;
   // When > 0 (and some prefetch is on): after two warm-up steps, training
   // steps alternate with and without prefetch, this many of each, and the
   // run keeps whichever had the shorter median step on the slowest rank

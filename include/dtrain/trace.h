@@ -37,6 +37,18 @@
 //                       the operation had already finished), with args op
 //                       and the label: the communication the training
 //                       thread could not hide.
+//   category "device_compute", "device_comm", "device_wait": what a CUDA
+//                       stream did, timed by events on the device
+//                       (src/common/device_spans.h), each on a track of its
+//                       own named by the stream's role ("cuda compute",
+//                       "cuda all-gather", "cuda reduce-scatter", "cuda
+//                       all-reduce"): the trainer's forward, backward and
+//                       optimizer step on the compute stream; every
+//                       collective FSDP and DDP issue on a communication
+//                       stream (Note [communication streams]), from its
+//                       copy-in to its result; and "wait" where the compute
+//                       stream stalls for a communication stream. The
+//                       summary's device overlap is read from these.
 //   instants:           "bucket_ready" (DDP: a gradient bucket is launched).
 //   counters:           "live_bytes" (memory::live_bytes(), when the tracking
 //                       allocator is installed), sampled after each FSDP
@@ -60,6 +72,9 @@ inline constexpr const char* step = "step";
 inline constexpr const char* compute = "compute";
 inline constexpr const char* comm = "comm";
 inline constexpr const char* wait = "wait";
+inline constexpr const char* device_compute = "device_compute";
+inline constexpr const char* device_comm = "device_comm";
+inline constexpr const char* device_wait = "device_wait";
 }  // namespace category
 
 // One argument of an event: a number, or a text that must outlive the trace

@@ -22,6 +22,16 @@ namespace dtrain::trace {
 //   comm      = |M|          (communication in flight, hidden or not)
 //   overlap   = 1 - exposed / comm  (1 when there was no communication)
 // So compute + exposed + other == wall exactly, and exposed <= comm.
+// On a GPU the host spans time how long kernels took to queue, not to run;
+// the device-timed spans (categories device_*, Note [trace names]) say what
+// the streams did. Over every track: Cd = union of "device_compute", Wd of
+// "device_wait" (the compute stream stalled for a communication stream), Md
+// of "device_comm":
+//   device_compute = |Cd \ Wd|, device_comm = |Md|,
+//   device_exposed = |Wd ∩ Md|, device_overlap = 1 - device_exposed / device_comm.
+// device_timed is false (and these are 0, overlap 1) when the trace has no
+// device_comm span: a CPU run, or collectives issued from the compute stream
+// (--comm-streams off), whose NCCL work no dtrain event brackets.
 struct RankSummary {
   int rank = 0;
   double wall_us = 0, compute_us = 0, comm_us = 0, exposed_comm_us = 0, other_us = 0;
@@ -31,6 +41,9 @@ struct RankSummary {
   int64_t collectives = 0;      // "comm" spans
   int64_t collective_bytes = 0; // their "bytes" args, summed
   int64_t waits = 0;            // "wait" spans on T
+  bool device_timed = false;
+  double device_compute_us = 0, device_comm_us = 0, device_exposed_comm_us = 0;
+  double device_overlap = 1;
 };
 // Parses a trace (the text of a file write() wrote). Throws
 // std::invalid_argument naming what is wrong when it is not one.

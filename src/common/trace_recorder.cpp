@@ -6,7 +6,9 @@
 #include <time.h>
 
 #include <deque>
+#include <map>
 #include <memory>
+#include <string>
 #include <mutex>
 #include <unordered_set>
 
@@ -28,6 +30,7 @@ struct ThreadBuffer {
 struct Registry {
   std::mutex mutex;
   std::vector<std::unique_ptr<ThreadBuffer>> buffers;  // also of threads that ended
+  std::map<std::string, ThreadBuffer*> lanes;          // tracks that are not threads, by name
   int next_tid = 1;
   int rank = 0;
 };
@@ -57,8 +60,9 @@ ThreadBuffer& this_thread_buffer() {
 
 }  // namespace
 
-void record(const Event& event) {
-  auto& buffer = this_thread_buffer();
+namespace {
+
+void append(ThreadBuffer& buffer, const Event& event) {
   std::lock_guard lock(buffer.mutex);
   if (buffer.events.size() >= kMaxEventsPerThread) {
     ++buffer.dropped;
@@ -66,6 +70,26 @@ void record(const Event& event) {
   }
   buffer.events.push_back(event);
 }
+
+ThreadBuffer& lane_buffer(const char* lane) {
+  auto& reg = registry();
+  std::lock_guard lock(reg.mutex);
+  auto& buffer = reg.lanes[lane];
+  if (!buffer) {
+    auto made = std::make_unique<ThreadBuffer>();
+    made->name = lane;
+    made->tid = reg.next_tid++;
+    buffer = made.get();
+    reg.buffers.push_back(std::move(made));
+  }
+  return *buffer;
+}
+
+}  // namespace
+
+void record(const Event& event) { append(this_thread_buffer(), event); }
+
+void record_on_lane(const char* lane, const Event& event) { append(lane_buffer(lane), event); }
 
 std::vector<ThreadTrace> snapshot() {
   auto& reg = registry();

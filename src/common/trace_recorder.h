@@ -34,6 +34,10 @@ struct ThreadTrace {
 inline constexpr size_t kMaxEventsPerThread = size_t{1} << 20;
 
 void record(const Event& event);
+// Records `event` on the track named `lane` instead of the calling thread's
+// (a CUDA stream's, src/common/device_spans.h); one track per lane name,
+// made on first use. `lane` must outlive the trace.
+void record_on_lane(const char* lane, const Event& event);
 // A copy of every thread's events so far.
 std::vector<ThreadTrace> snapshot();
 // The rank given to start().

@@ -225,6 +225,14 @@ void FSDPState::build_units(const std::vector<DeferredModule>& deferred) {
   for (size_t i = 0; i < deferred.size(); ++i) {
     if (!materialised[i]) materialize_module(deferred[i]);
   }
+  // Every unit's collectives on the same two streams (on a CUDA device).
+  std::optional<c10::Device> device = options_.device;
+  for (const auto& unit : units_) {
+    if (!device && unit->flat().shard().defined()) device = unit->flat().shard().device();
+  }
+  gather_stream_ = CommStream(device, options_.comm_streams);
+  reduce_stream_ = CommStream(device, options_.comm_streams);
+  for (auto& unit : units_) unit->use_streams({&gather_stream_, &reduce_stream_});
   // Before the registry knows the units: a constructor that throws leaves
   // no entry behind.
   check_compression_overrides();

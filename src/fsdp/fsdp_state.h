@@ -86,6 +86,9 @@ class FSDPState {
   CommPtr comm_;
   FSDPOptions options_;
   CommPtr shard_group_, replicate_group_;
+  // Note [communication streams]; inactive off CUDA or without comm_streams.
+  CommStream gather_stream_;
+  CommStream reduce_stream_;
   std::vector<std::unique_ptr<Unit>> units_;
 
   std::recursive_mutex mutex_;  // hooks may run on autograd threads

@@ -55,6 +55,13 @@ void Unit::transition(TrainingState from, TrainingState to) {
   state_ = to;
 }
 
+namespace {
+const CommStream kComputeStream;  // inactive: issue from the current stream
+}  // namespace
+
+const CommStream& Unit::gather_stream() const { return streams_.gather ? *streams_.gather : kComputeStream; }
+const CommStream& Unit::reduce_stream() const { return streams_.reduce ? *streams_.reduce : kComputeStream; }
+
 void Unit::begin_forward() { transition(TrainingState::Idle, TrainingState::Forward); }
 void Unit::end_forward() { transition(TrainingState::Forward, TrainingState::ForwardDone); }
 void Unit::begin_backward() { transition(TrainingState::ForwardDone, TrainingState::PreBackward); }
@@ -64,7 +71,14 @@ bool Unit::start_unshard() {
   if (gather_work_ || flat_.using_full_views()) return false;
   if (flat_.full_is_shard()) return false;
   torch::NoGradGuard no_grad;
-  flat_.allocate_full();
+  flat_.allocate_full();  // on the compute stream, which uses it (Note [communication streams])
+  const CommStream& stream = gather_stream();
+  stream.wait_for_current();  // the shard's last update, and the buffer's last use
+  const CommStream::Scope on_stream(stream);
+  if (stream.active()) {
+    gather_span_ = trace::DeviceSpan("all_gather", trace::category::device_comm, "cuda all-gather", stream.stream(),
+                                     {{"unit", index_}, {"name", trace_name_}});
+  }
   const trace::Label label("unit", index_, trace_name_);
   const int64_t group = groups_.shard->size();
   if (param_format_ == fsdp_rules::WireFormat::Plain) {
@@ -93,16 +107,21 @@ void Unit::complete_gather() {
   gather_work_->wait();
   gather_work_.reset();
   gather_source_ = torch::Tensor();
-  if (!gathered_records_.defined()) return;
-  torch::NoGradGuard no_grad;
-  const int64_t shard = flat_.shard_numel();
-  const int64_t bytes = gathered_records_.numel() / groups_.shard->size();
-  auto full = flat_.full_for_writing();
-  for (int r = 0; r < groups_.shard->size(); ++r) {
-    full.narrow(0, r * shard, shard)
-        .copy_(decode_record(param_format_, compression_.block_size, gathered_records_.narrow(0, r * bytes, bytes), shard));
+  const CommStream& stream = gather_stream();
+  if (gathered_records_.defined()) {
+    const CommStream::Scope on_stream(stream);  // decoded where they arrived
+    torch::NoGradGuard no_grad;
+    const int64_t shard = flat_.shard_numel();
+    const int64_t bytes = gathered_records_.numel() / groups_.shard->size();
+    auto full = flat_.full_for_writing();
+    for (int r = 0; r < groups_.shard->size(); ++r) {
+      full.narrow(0, r * shard, shard)
+          .copy_(decode_record(param_format_, compression_.block_size, gathered_records_.narrow(0, r * bytes, bytes), shard));
+    }
+    gathered_records_ = torch::Tensor();
   }
-  gathered_records_ = torch::Tensor();
+  gather_span_.end();
+  stream.current_waits();  // the compute stream uses the full parameters after this
 }
 
 void Unit::finish_unshard() {
@@ -149,17 +168,31 @@ bool Unit::on_gradient_ready(size_t parameter) {
 void Unit::reduce_gradients(bool sync) {
   torch::NoGradGuard no_grad;
   const auto reduce_dtype = options_.mixed_precision.reduce_dtype;
+  // A reduction copies the gradients in on its own stream; a no_sync
+  // accumulation stays on the compute stream.
+  const CommStream& stream = sync ? reduce_stream() : kComputeStream;
+  stream.wait_for_current();  // the gradients' last writes
+  const CommStream::Scope on_stream(stream);
+  if (stream.active()) {
+    const char* op = fsdp_rules::reduces_in_place(options_.strategy)   ? "all_reduce"
+                     : grad_format_ == fsdp_rules::WireFormat::Plain ? "reduce_scatter"
+                                                                       : "all_to_all";
+    reduce_span_ = trace::DeviceSpan(op, trace::category::device_comm, "cuda reduce-scatter", stream.stream(),
+                                     {{"unit", index_}, {"name", trace_name_}});
+  }
   auto full = torch::zeros({flat_.padded_numel()}, flat_.shard().options().dtype(reduce_dtype));
   auto& entries = flat_.entries();
   for (auto& entry : entries) {
     auto& grad = entry.param.mutable_grad();
     if (grad.defined()) {
       full.narrow(0, entry.offset, entry.numel).copy_(grad.reshape({-1}));
+      stream.used_here(grad);  // made on the compute stream, read on this one
       grad = torch::Tensor();  // the full-size gradient is freed here
     }
   }
   if (unsynced_full_gradient_.defined()) {
     full.add_(unsynced_full_gradient_);
+    stream.used_here(unsynced_full_gradient_);
     unsynced_full_gradient_ = torch::Tensor();
   }
   ready_.assign(ready_.size(), 0);
@@ -217,10 +250,20 @@ void Unit::complete_compressed_reduction() {
   gradient_records_ = torch::Tensor();
 }
 
+void Unit::settle_reduction() {
+  reduce_work_->wait();
+  const CommStream& stream = reduce_stream();
+  {
+    const CommStream::Scope on_stream(stream);  // decoded where they arrived
+    complete_compressed_reduction();
+  }
+  reduce_span_.end();
+  stream.current_waits();  // the compute stream reads the result after this
+}
+
 void Unit::wait_reduction() {
   if (!reduce_work_) return;
-  reduce_work_->wait();
-  complete_compressed_reduction();
+  settle_reduction();
   // OptimizerOnly's .grad will view the all-reduced buffer; the others only need the shard.
   if (!fsdp_rules::reduces_in_place(options_.strategy)) full_gradient_ = torch::Tensor();
 }
@@ -228,9 +271,11 @@ void Unit::wait_reduction() {
 void Unit::finish_gradients() {
   if (!reduction_started_) return;
   torch::NoGradGuard no_grad;
-  reduce_work_->wait();
+  settle_reduction();
   reduce_work_.reset();
-  complete_compressed_reduction();
+  // Made on the reduce stream, read (and, as .grad, kept) on the compute stream.
+  reduce_stream().used_on_current(shard_gradient_);
+  reduce_stream().used_on_current(full_gradient_);
   if (fsdp_rules::reduces_in_place(options_.strategy)) {
     shard_gradient_ = full_gradient_.narrow(0, groups_.shard->rank() * flat_.shard_numel(), flat_.shard_numel());
   }

@@ -30,6 +30,8 @@
 //   prefetch decisions depend only on that order, never on timing.
 #pragma once
 
+#include "common/comm_stream.h"
+#include "common/device_spans.h"
 #include "fsdp/flat_parameter.h"
 #include "fsdp/schedule_rules.h"
 
@@ -46,6 +48,14 @@ namespace dtrain::detail {
 
 enum class TrainingState { Idle, Forward, ForwardDone, PreBackward, PostBackward };
 const char* to_string(TrainingState state);
+
+// The streams a unit's collectives are issued from (FSDPState owns them; every
+// unit shares them, so gathers run one after another in issue order).
+// Inactive streams: the compute stream (Note [communication streams]).
+struct UnitStreams {
+  const CommStream* gather = nullptr;
+  const CommStream* reduce = nullptr;
+};
 
 struct UnitGroups {
   Communicator* shard = nullptr;      // parameters are sharded over this group
@@ -107,6 +117,9 @@ class Unit {
 
   int64_t expected_gradients() const { return expected_gradients_; }
 
+  // Issue collectives from these streams from now on (before the first step).
+  void use_streams(UnitStreams streams) { streams_ = streams; }
+
   // Where the unit counts the bytes it hands to collectives (FSDPState's
   // running step); nullptr: not counted.
   void count_bytes_in(FSDPStepStats* stats) { stats_ = stats; }
@@ -145,6 +158,15 @@ class Unit {
   void complete_gather();
   // After the all-to-all: sums the received records in fp32 into shard_gradient_.
   void complete_compressed_reduction();
+  // Waits for the reduction, finishes it on the reduce stream and makes the
+  // compute stream wait for it; again after the first time: nothing new.
+  void settle_reduction();
+
+  UnitStreams streams_;
+  const CommStream& gather_stream() const;
+  const CommStream& reduce_stream() const;
+  trace::DeviceSpan gather_span_;  // on the gather stream, while a gather is in flight
+  trace::DeviceSpan reduce_span_;  // on the reduce stream, while a reduction is in flight
 
   WorkPtr gather_work_;
   torch::Tensor gather_source_;  // the shard in compute dtype (or its record), alive while gathering

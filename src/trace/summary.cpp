@@ -131,10 +131,14 @@ RankSummary summarize_rank(int pid, const RankEvents& rank) {
   summary.rank = pid;
   const int train = training_thread(rank);
   Intervals compute, waits, comm, steps;
+  Intervals device_compute, device_waits, device_comm;
   int64_t first = INT64_MAX, last = INT64_MIN;
   for (const auto& span : rank.spans) {
     first = std::min(first, span.interval.begin);
     last = std::max(last, span.interval.end);
+    if (span.category == category::device_compute) device_compute.push_back(span.interval);
+    if (span.category == category::device_wait) device_waits.push_back(span.interval);
+    if (span.category == category::device_comm) device_comm.push_back(span.interval);
     if (span.category == category::comm) {
       comm.push_back(span.interval);
       ++summary.collectives;
@@ -167,6 +171,19 @@ RankSummary summarize_rank(int pid, const RankEvents& rank) {
   int64_t step_total = 0;
   for (const auto& step : steps) step_total += step.end - step.begin;
   if (!steps.empty()) summary.mean_step_us = static_cast<double>(step_total) / 1000.0 / static_cast<double>(steps.size());
+
+  device_comm = normalized(device_comm);
+  if (!device_comm.empty()) {
+    device_compute = normalized(device_compute);
+    device_waits = normalized(device_waits);
+    const int64_t device_communicating = length(device_comm);
+    const int64_t device_exposed = length(intersection(device_waits, device_comm));
+    summary.device_timed = true;
+    summary.device_compute_us = static_cast<double>(length_without(device_compute, device_waits)) / 1000.0;
+    summary.device_comm_us = static_cast<double>(device_communicating) / 1000.0;
+    summary.device_exposed_comm_us = static_cast<double>(device_exposed) / 1000.0;
+    summary.device_overlap = 1.0 - static_cast<double>(device_exposed) / static_cast<double>(device_communicating);
+  }
   return summary;
 }
 

@@ -1,6 +1,8 @@
 // Writing a trace: every rank's events to rank 0, one file, atomically.
 #include "trace/trace_json.h"
 
+#include "common/device_spans.h"
+
 #include "dtrain/comm.h"
 #include "dtrain/trace_writer.h"
 
@@ -45,6 +47,7 @@ std::string write_atomically(const std::string& path, const std::string& text) {
 
 // This process's events, and a warning when some were dropped.
 std::string local_events(int pid) {
+  flush_device_spans(/*wait=*/true);  // GPU spans become events once their events have run
   const auto threads = detail::snapshot();
   uint64_t dropped = 0;
   for (const auto& thread : threads) dropped += thread.dropped;

@@ -6,6 +6,9 @@
 #include <dtrain/comm.h>
 
 #include "../common/skip_exit_code.h"
+#include "common/comm_stream.h"
+#include "common/device_spans.h"
+#include "common/trace_recorder.h"
 
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -153,6 +156,62 @@ TEST_F(CudaCollectives, EveryOperationOrdersOnTheIssuersStream) {
     g_world->send(outgoing, next)->wait();
   }
   EXPECT_TRUE(same(incoming, torch::full({33}, previous + 0.5))) << "send/recv";
+}
+
+// Note [communication streams]: an all-gather issued from a CommStream while
+// the compute stream is still busy writing its input reads the finished
+// input (wait_for_current), and the compute stream reads the result only
+// after current_waits().
+TEST_F(CudaCollectives, CommStreamOrdersAgainstTheComputeStream) {
+  const int n = g_world->size();
+  const int me = g_world->rank();
+  dtrain::detail::CommStream comm(device(), /*enabled=*/true);
+  ASSERT_TRUE(comm.active());
+  ASSERT_NE(comm.stream(), comm.current());
+  SlowStream slow(device());
+  const int64_t total = 7 * n;
+  const auto mine = dtrain::shard_range(total, n, me);
+  const auto everything = torch::arange(total, torch::kFloat32);
+  auto shard = slow.late_copy(everything.narrow(0, mine.offset, mine.count).to(device()));
+  auto full = torch::empty({total}, shard.options());
+  comm.wait_for_current();
+  dtrain::WorkPtr work;
+  {
+    const dtrain::detail::CommStream::Scope on_comm(comm);
+    work = g_world->all_gather(shard, full);
+  }
+  work->wait();
+  comm.current_waits();
+  EXPECT_TRUE(torch::equal((full * 1).cpu(), everything));
+}
+
+// Note [device spans]: a span around slow kernels lands, once flushed, on
+// its lane with the kernels' duration, in the host's time base.
+TEST_F(CudaCollectives, DeviceSpansTimeTheStreamsWork) {
+  namespace trace = dtrain::trace;
+  SlowStream slow(device());
+  trace::start(g_world->rank());
+  const int64_t before = trace::now_ns();
+  {
+    const trace::DeviceSpan span("slow", trace::category::device_compute, "cuda compute",
+                                 trace::current_stream_of(device()));
+    slow.delay();
+  }
+  trace::flush_device_spans(/*wait=*/true);
+  const int64_t after = trace::now_ns();
+  trace::stop();
+  int found = 0;
+  for (const auto& thread : trace::detail::snapshot()) {
+    if (!thread.name || std::string(thread.name) != "cuda compute") continue;
+    for (const auto& event : thread.events) {
+      if (std::string(event.name) != "slow") continue;
+      ++found;
+      EXPECT_GT(event.duration_ns, 0);
+      EXPECT_GE(event.start_ns, before - 1'000'000);  // the anchor's error is microseconds
+      EXPECT_LE(event.start_ns + event.duration_ns, after + 1'000'000);
+    }
+  }
+  EXPECT_EQ(found, 1);
 }
 
 }  // namespace

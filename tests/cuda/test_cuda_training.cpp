@@ -190,8 +190,8 @@ Trained train_plain(Model model, Optimizer kind) {
 }
 
 template <class Holder>
-Trained train_ddp_holder(Model model, Optimizer kind, Holder holder) {
-  auto ddp = dtrain::DistributedDataParallel(holder, world_ptr());
+Trained train_ddp_holder(Model model, Optimizer kind, Holder holder, const dtrain::DDPOptions& options) {
+  auto ddp = dtrain::DistributedDataParallel(holder, world_ptr(), options);
   for (const auto& p : holder->parameters()) EXPECT_TRUE(on_device(p)) << "DDP keeps the parameters on the GPU";
   Trained result;
   result.losses = train(model, kind, holder->parameters(), [&](const torch::Tensor& x) { return ddp(x); }, false);
@@ -199,11 +199,11 @@ Trained train_ddp_holder(Model model, Optimizer kind, Holder holder) {
   return result;
 }
 
-Trained train_ddp(Model model, Optimizer kind) {
+Trained train_ddp(Model model, Optimizer kind, const dtrain::DDPOptions& options = {}) {
   auto module = build(model);
   module->to(device());
-  if (model == Model::MLP) return train_ddp_holder(model, kind, as_mlp(module));
-  return train_ddp_holder(model, kind, as_gpt(module));
+  if (model == Model::MLP) return train_ddp_holder(model, kind, as_mlp(module), options);
+  return train_ddp_holder(model, kind, as_gpt(module), options);
 }
 
 template <class Holder>
@@ -256,6 +256,24 @@ TEST_F(CudaTraining, DDPMatchesPlainTraining) {
                              std::pair{Model::GPT, Optimizer::SGD}}) {
     const std::string what = "DDP " + name_of(model) + " " + name_of(kind);
     expect_same_training(train_plain(model, kind), train_ddp(model, kind), tolerance(model, kind), what);
+  }
+}
+
+// The default (above) issues collectives from communication streams of
+// their own (Note [communication streams]); issued from the compute stream
+// instead, training must be the same.
+TEST_F(CudaTraining, CommunicationStreamsOffMatchPlainTraining) {
+  dtrain::DDPOptions ddp;
+  ddp.comm_streams = false;
+  expect_same_training(train_plain(Model::GPT, Optimizer::AdamW), train_ddp(Model::GPT, Optimizer::AdamW, ddp),
+                       tolerance(Model::GPT, Optimizer::AdamW), "DDP GPT AdamW, streams off");
+  for (auto strategy : {Sharding::Full, Sharding::GradOp}) {
+    dtrain::FSDPOptions options;
+    options.strategy = strategy;
+    options.comm_streams = false;
+    expect_same_training(train_plain(Model::GPT, Optimizer::AdamW), train_fsdp(Model::GPT, Optimizer::AdamW, options),
+                         tolerance(Model::GPT, Optimizer::AdamW),
+                         std::string("FSDP ") + dtrain::to_string(strategy) + " GPT AdamW, streams off");
   }
 }
 

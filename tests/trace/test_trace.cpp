@@ -331,6 +331,37 @@ TEST(TraceSummary, FollowsItsDefinitionsOnKnownIntervals) {
   EXPECT_EQ(s.collectives, 1);
   EXPECT_EQ(s.collective_bytes, 1024);
   EXPECT_EQ(s.waits, 1);
+  EXPECT_FALSE(s.device_timed);  // no device_comm span
+  EXPECT_DOUBLE_EQ(s.device_overlap, 1);
+}
+
+// Device-timed spans on their stream tracks: the compute stream busy over
+// [0,100] us, stalled [70,80] for an all-gather that ran [20,75] and a
+// reduce-scatter [90,120] never waited for.
+TEST(TraceSummary, ReadsTheDeviceSpansOfEveryTrack) {
+  const std::string text = R"({"traceEvents":[
+    {"ph":"M","name":"thread_name","pid":0,"tid":1,"args":{"name":"train"}},
+    {"ph":"M","name":"thread_name","pid":0,"tid":5,"args":{"name":"cuda compute"}},
+    {"ph":"M","name":"thread_name","pid":0,"tid":6,"args":{"name":"cuda all-gather"}},
+    {"ph":"M","name":"thread_name","pid":0,"tid":7,"args":{"name":"cuda reduce-scatter"}},
+    {"ph":"X","name":"forward","cat":"compute","pid":0,"tid":1,"ts":0,"dur":30},
+    {"ph":"X","name":"forward","cat":"device_compute","pid":0,"tid":5,"ts":0,"dur":100},
+    {"ph":"X","name":"wait","cat":"device_wait","pid":0,"tid":5,"ts":70,"dur":10},
+    {"ph":"X","name":"all_gather","cat":"device_comm","pid":0,"tid":6,"ts":20,"dur":55},
+    {"ph":"X","name":"reduce_scatter","cat":"device_comm","pid":0,"tid":7,"ts":90,"dur":30}
+  ]})";
+  const auto ranks = trace::summarize(text);
+  ASSERT_EQ(ranks.size(), 1u);
+  const auto& s = ranks[0];
+  EXPECT_TRUE(s.device_timed);
+  EXPECT_DOUBLE_EQ(s.device_compute_us, 90);        // [0,100] minus the stall
+  EXPECT_DOUBLE_EQ(s.device_comm_us, 85);           // [20,75] and [90,120]
+  EXPECT_DOUBLE_EQ(s.device_exposed_comm_us, 5);    // stall ∩ comm = [70,75]
+  EXPECT_DOUBLE_EQ(s.device_overlap, 1.0 - 5.0 / 85.0);
+  // The host-side figures ignore the device tracks.
+  EXPECT_DOUBLE_EQ(s.compute_us, 30);
+  EXPECT_EQ(s.collectives, 0);
+  EXPECT_DOUBLE_EQ(s.wall_us, 120);  // any track's spans
 }
 
 TEST(TraceSummary, RejectsWhatIsNotATraceWithAClearMessage) {
