@@ -4,7 +4,8 @@
                                                 has "final": true (2: final, but a key issue 23 adds
                                                 is missing; 1: no final line or not JSON Lines)
     gpu_report.py peak METRICS                  the run's peak_tflops (nothing when it has none)
-    gpu_report.py record WORK --name N --phase P --status S [--nproc N --rc RC --seconds S --backend B] -- ARGS
+    gpu_report.py record WORK --name N --phase P --status S [--nproc N --rc RC --seconds S --backend B
+                         --program dtrain|bench_gpt_cuda] -- ARGS
                                                 append one run to WORK/runs.jsonl (the script's manifest)
     gpu_report.py table RUNS [--md PATH] [--json PATH] [--title TEXT]
                                                 RUNS: the script's run folder, or the gpu_runs.tar.gz
@@ -18,6 +19,10 @@ and, for traced runs, `dtrain trace summary --json` in NAME.trace-summary.json. 
 step lines carry tokens_per_s and (issue 23) mfu, peak_tflops, cuda_allocated_peak_bytes and
 cuda_reserved_peak_bytes; the final line has "final": true and (issue 23) device. Speeds are
 medians over the steps after the first two (warm-up), as bench/train_run.py takes them.
+The bench phases' plain-LibTorch baseline (program bench_gpt_cuda, tests/cuda/bench_gpt_cuda.cpp)
+leaves one JSON line ({"bench": "bench_gpt_cuda", ...}: tokens_per_s and step_time_s of its median
+timed step, mfu, peak_tflops, the CUDA peaks) in NAME.jsonl; each dtrain run's tokens/s is shown
+as a fraction of it ("vs plain LibTorch").
 Standard library only.
 """
 import argparse
@@ -42,6 +47,12 @@ LABELS = {
     "zero1": "dtrain zero1",
     "hsdp": "dtrain HSDP",
 }
+PLAIN = "bench_gpt_cuda"
+PLAIN_LABEL = "plain LibTorch (bench_gpt_cuda)"
+# The issue's targets: dtrain FSDP Full at least this fraction of plain LibTorch's tokens/s (same
+# precision policy), and at least this MFU at 1.3B.
+TARGET_RATIO = 0.95
+TARGET_MFU = 0.40
 
 
 class InputError(Exception):
@@ -147,6 +158,45 @@ def summarise(path):
     }
 
 
+def summarise_baseline(path):
+    """What the tables show of bench_gpt_cuda's result: its last {"bench": "bench_gpt_cuda"} line."""
+    record = None
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # its human line, or anything else around the JSON
+                if isinstance(value, dict) and value.get("bench") == PLAIN:
+                    record = value
+    except OSError as e:
+        raise InputError("cannot read %s: %s" % (path, e))
+    if record is None:
+        raise InputError("%s has no bench_gpt_cuda result line" % path)
+    mfu = number(record.get("mfu"))
+    return {
+        "final": True,
+        "steps_logged": record.get("steps"),
+        "steps": record.get("steps"),
+        "loss": record.get("loss"),
+        "eval_loss": None,
+        "device": record.get("device"),
+        "strategy": "plain",
+        "world_size": 1,
+        "parameters": record.get("parameters"),
+        "resumed_from_step": None,
+        "step_time_s": number(record.get("step_time_s")),
+        "tokens_per_s": number(record.get("tokens_per_s")),
+        "mfu": mfu if mfu else None,
+        "peak_tflops": number(record.get("peak_tflops")) or None,
+        "cuda_allocated_peak_bytes": largest(record.get("cuda_allocated_peak_bytes")),
+        "cuda_reserved_peak_bytes": largest(record.get("cuda_reserved_peak_bytes")),
+        "peak_memory_bytes": None,
+        "missing_keys": [k for k in STEP_KEYS if k not in record],
+    }
+
+
 def cmd_check(args):
     try:
         s = summarise(args.metrics)
@@ -186,6 +236,8 @@ def cmd_peak(args):
 def cmd_record(args):
     entry = {"name": args.name, "phase": args.phase, "nproc": args.nproc, "status": args.status,
              "rc": args.rc, "seconds": args.seconds, "backend": args.backend, "args": args.rest}
+    if getattr(args, "program", "dtrain") != "dtrain":
+        entry["program"] = args.program
     with open(os.path.join(args.work, "runs.jsonl"), "a") as f:
         f.write(json.dumps(entry) + "\n")
     return 0
@@ -280,7 +332,7 @@ def load_runs(folder):
         run["metrics_error"] = None
         if os.path.exists(metrics):
             try:
-                run["metrics"] = summarise(metrics)
+                run["metrics"] = summarise_baseline(metrics) if is_plain(run) else summarise(metrics)
             except InputError as e:
                 run["metrics_error"] = str(e)
         trace = os.path.join(folder, run["name"] + ".trace-summary.json")
@@ -300,6 +352,10 @@ def load_runs(folder):
             except json.JSONDecodeError:
                 run["plan"] = None
     return runs
+
+
+def is_plain(run):
+    return run.get("program") == PLAIN
 
 
 def overlap_cells(run):
@@ -349,40 +405,66 @@ def bench_section(runs, rows_out):
         return []
     out = ["## Throughput: one rank, bf16, AdamW, context 1024", "",
            "Medians over the steps after the first two; TFLOP/s (6N+6LTC) counts 6 FLOP per parameter",
-           "per token plus causal attention's 6 L T C, as bench_gpt_cuda does; MFU is dtrain's own (mfu of the metrics",
-           "lines: 6N + 12 L T C against the peak TFLOP/s its GEMM probe measured or --peak-tflops gave), and so are",
-           "the peaks (cuda_*_peak_bytes, largest rank). \"single\" is dtrain's loop with no wrapper: the plain-LibTorch",
-           "stand-in at these sizes (bench_gpt_cuda's own plain runs have a fixed 86M shape).", ""]
+           "per token plus causal attention's 6 L T C; MFU is dtrain's own (6N + 12 L T C against the peak",
+           "TFLOP/s its GEMM probe measured or --peak-tflops gave; bench_gpt_cuda computes it the same way against",
+           "the same cached peak), and so are the peaks (cuda_*_peak_bytes, largest rank). \"%s\" is LibTorch" % PLAIN_LABEL,
+           "alone on the same GPT with dtrain's bf16 policy (fp32 master weights and AdamW state, bf16 compute",
+           "copies cast every step); \"vs plain LibTorch\" is a run's tokens/s over its; \"/ single\" over dtrain single's.",
+           ""]
     header = ["model", "run", "status", "ms/step", "tokens/s", "TFLOP/s (6N+6LTC)", "MFU", "peak TFLOP/s",
-              "CUDA allocated peak", "reserved peak", "/ single"]
+              "CUDA allocated peak", "reserved peak", "vs plain LibTorch", "/ single"]
     rows = []
+    targets = []
     by_model = {}
     for run in bench:
         by_model.setdefault(run["phase"], []).append(run)
-    for group in by_model.values():
-        model = shape(group[0]["args"])
-        base = next((r["metrics"]["tokens_per_s"] for r in group if r.get("metrics") and
-                     arg_value(r["args"], "--strategy") == "single" and r["metrics"].get("tokens_per_s")), None)
+    for phase, group in by_model.items():
+        group = sorted(group, key=lambda r: not is_plain(r))  # the baseline first, then the script's order
+        model = next((shape(r["args"]) for r in group if not is_plain(r)), shape(group[0]["args"]))
+        params = next((r["metrics"]["parameters"] for r in group if r.get("metrics") and r["metrics"].get("parameters")), None)
+        label = "%s (%s)" % (model, ("%.0fM" if params >= 1e7 else "%.2fM") % (params / 1e6) if params else "?")
+
+        def tokens_of(predicate):
+            return next((r["metrics"]["tokens_per_s"] for r in group if r["status"] == "ok" and r.get("metrics") and
+                         predicate(r) and r["metrics"].get("tokens_per_s")), None)
+        plain = tokens_of(is_plain)
+        single = tokens_of(lambda r: not is_plain(r) and arg_value(r["args"], "--strategy") == "single")
         for run in group:
             m = run.get("metrics") or {}
-            strategy = arg_value(run["args"], "--strategy", "?")
-            params = m.get("parameters")
-            label = "%s (%s)" % (model, "%.0fM" % (params / 1e6) if params else "?")
-            per_token = flop_per_token(run["args"], params)
+            ok = run["status"] == "ok"
+            strategy = "plain" if is_plain(run) else arg_value(run["args"], "--strategy", "?")
+            per_token = flop_per_token(run["args"], m.get("parameters") or params)
             tflops = m.get("tokens_per_s") * per_token / 1e12 if per_token and m.get("tokens_per_s") else None
             precision = arg_value(run["args"], "--mixed-precision", "none")
-            ratio = m["tokens_per_s"] / base if base and m.get("tokens_per_s") else None
-            rows.append([label, "%s, %s" % (LABELS.get(strategy, strategy), precision), status_cell(run),
+            tokens = m.get("tokens_per_s") if ok else None
+            vs_plain = tokens / plain if plain and tokens else None
+            vs_single = tokens / single if single and tokens else None
+            name = PLAIN_LABEL if is_plain(run) else LABELS.get(strategy, strategy)
+            rows.append([label, "%s, %s" % (name, precision), status_cell(run),
                          fmt(m.get("step_time_s") and m["step_time_s"] * 1e3, "%.1f"),
                          thousands(m.get("tokens_per_s")),
                          fmt(tflops, "%.1f"), pct(m.get("mfu")), fmt(m.get("peak_tflops"), "%.0f"),
                          gib(m.get("cuda_allocated_peak_bytes")), gib(m.get("cuda_reserved_peak_bytes")),
-                         fmt(ratio, "%.2f")])
-            rows_out.append({"section": "bench", "name": run["name"], "model": model, "parameters": params,
-                             "strategy": strategy, "mixed_precision": precision, "status": run["status"],
-                             "tflops_6n": tflops, **{k: m.get(k) for k in ("step_time_s", "tokens_per_s", "mfu", "peak_tflops",
-                                                                         "cuda_allocated_peak_bytes", "cuda_reserved_peak_bytes")}})
-    return out + table(header, rows) + missing_note(bench) + [""]
+                         fmt(vs_plain, "%.2f"), fmt(vs_single, "%.2f")])
+            rows_out.append({"section": "bench", "name": run["name"], "model": model, "parameters": m.get("parameters") or params,
+                             "program": run.get("program", "dtrain"), "strategy": strategy, "mixed_precision": precision,
+                             "status": run["status"], "tflops_6n": tflops, "vs_plain": vs_plain, "vs_single": vs_single,
+                             **{k: m.get(k) for k in ("step_time_s", "tokens_per_s", "mfu", "peak_tflops",
+                                                     "cuda_allocated_peak_bytes", "cuda_reserved_peak_bytes")}})
+        fsdp = next((r for r in group if not is_plain(r) and arg_value(r["args"], "--strategy") == "fsdp"), None)
+        if fsdp is not None:
+            m = fsdp.get("metrics") or {}
+            tokens = m.get("tokens_per_s") if fsdp["status"] == "ok" else None
+            ratio = tokens / plain if plain and tokens else None
+            words = ["%s: dtrain FSDP Full / plain LibTorch = %s (target >= %.2f: %s)" % (
+                label, fmt(ratio, "%.2f"), TARGET_RATIO, "–" if ratio is None else "met" if ratio >= TARGET_RATIO else "**not met**")]
+            if phase == "bench-1.3b":
+                mfu = m.get("mfu") if fsdp["status"] == "ok" else None
+                words.append("its MFU %s (target >= %.0f%% at 1.3B: %s)" % (
+                    pct(mfu), 100 * TARGET_MFU, "–" if mfu is None else "met" if mfu >= TARGET_MFU else "**not met**"))
+            targets.append("- " + "; ".join(words))
+    targets = ["", "Targets:", ""] + targets if targets else []
+    return out + table(header, rows) + missing_note(bench) + targets + [""]
 
 
 def e2e_section(runs, rows_out, phases=("e2e", "extra")):
@@ -475,7 +557,7 @@ def render(folder, title):
     if os.path.exists(probe):
         with open(probe) as f:
             text = "".join(l for l in f if not l.startswith("[W"))
-        lines += ["## Plain LibTorch next to FSDP (`bench_gpt_cuda`, 86M GPT, its fixed shape)", "", "```",
+        lines += ["## `bench_gpt_cuda` output (bench.txt)", "", "```",
                   text.rstrip(), "```", ""]
     lines += overlap_section(runs, rows)
     lines += largest_section(runs, rows)
@@ -522,6 +604,18 @@ def cmd_selftest(_args):
                 "--batch-size", "16", "--mixed-precision", "bf16"]
         write("b-single.jsonl", [step(i, 50000.0 + i, **gpu) for i in range(1, 7)] + [dict(final, strategy="single")])
         write("b-fsdp.jsonl", [step(i, 48000.0, **gpu) for i in range(1, 7)] + [dict(final, strategy="fsdp")])
+        # bench_gpt_cuda: its human line, then its JSON line (the script keeps only the latter; either reads).
+        plain = dict(bench="bench_gpt_cuda", model="gpt", parameters=1211224064, mixed_precision="bf16", steps=8,
+                     step_time_s=16384 / 50000.0, tokens_per_s=50000.0, mfu=0.43, peak_tflops=780.0,
+                     cuda_allocated_peak_bytes=28 << 30, cuda_reserved_peak_bytes=31 << 30, loss=4.5, device="cuda:0")
+        with open(os.path.join(tmp, "b-plain.jsonl"), "w") as f:
+            f.write("bench_gpt_cuda: plain LibTorch GPT 1211.22M ...\n" + json.dumps(plain) + "\n")
+        small = ["--model", "gpt", "--gpt-layers", "24", "--gpt-dim", "1024", "--gpt-heads", "16", "--seq-len", "1024",
+                 "--batch-size", "32", "--mixed-precision", "bf16"]
+        write("s-plain.jsonl", [dict(plain, parameters=303622144, tokens_per_s=100000.0, step_time_s=0.32768)])
+        write("s-fsdp.jsonl", [step(i, 90000.0, **gpu) for i in range(1, 7)] +
+              [dict(final, strategy="fsdp", parameters=303622144)])
+        write("s-zero2.jsonl", [step(1, 95000.0)])
         old = dict(final, strategy="ddp")
         del old["device"]
         write("e-old.jsonl", [step(i, 900.0) for i in range(1, 4)] + [old])
@@ -537,8 +631,12 @@ def cmd_selftest(_args):
         write("l-40.jsonl", [step(i, 9000.0, **gpu) for i in range(1, 4)] + [dict(final, strategy="fsdp", parameters=8060000000)])
         with open(os.path.join(tmp, "test_cuda_training-np2-rank1.xml"), "w") as f:
             f.write('<testsuites tests="4" failures="0" errors="0"><testcase result="skipped"/></testsuites>')
-        manifest = [("b-single", "bench", "ok", base + ["--strategy", "single"]),
-                    ("b-fsdp", "bench", "ok", base + ["--strategy", "fsdp"]),
+        manifest = [("b-plain", "bench-1.3b", "ok", ["bench_gpt_cuda"] + base[2:] + ["--steps", "8", "--device", "cuda"]),
+                    ("b-single", "bench-1.3b", "ok", base + ["--strategy", "single"]),
+                    ("b-fsdp", "bench-1.3b", "ok", base + ["--strategy", "fsdp"]),
+                    ("s-fsdp", "bench-350m", "ok", small + ["--strategy", "fsdp"]),
+                    ("s-zero2", "bench-350m", "FAIL(1)", small + ["--strategy", "zero2"]),
+                    ("s-plain", "bench-350m", "ok", ["bench_gpt_cuda"] + small[2:]),
                     ("e-old", "e2e", "ok", ["--strategy", "ddp"]),
                     ("e-broken", "e2e", "FAIL(1)", ["--strategy", "fsdp"]),
                     ("e-resume", "e2e", "ok", ["--strategy", "single", "--resume"]),
@@ -547,7 +645,8 @@ def cmd_selftest(_args):
                     ("l-36", "largest", "NO-TIME-LEFT", base)]
         for name, phase, status, argv in manifest:
             cmd_record(argparse.Namespace(work=tmp, name=name, phase=phase, nproc=1, status=status, rc=0, seconds=3,
-                                          backend="c10d", rest=argv))
+                                          backend="c10d", rest=argv,
+                                          program=PLAIN if argv[0] == PLAIN else "dtrain"))
         checks = {"b-single.jsonl": 0, "e-old.jsonl": 2, "e-broken.jsonl": 1}
         for name, expected in checks.items():
             got = cmd_check(argparse.Namespace(metrics=os.path.join(tmp, name), resumed=False))
@@ -555,6 +654,17 @@ def cmd_selftest(_args):
         assert cmd_check(argparse.Namespace(metrics=os.path.join(tmp, "e-resume.jsonl"), resumed=True)) == 0
         assert cmd_check(argparse.Namespace(metrics=os.path.join(tmp, "b-fsdp.jsonl"), resumed=True)) == 1
         text, rows = render(tmp, "self-test")
+        plain_rows = {r["name"]: r for r in rows if r["section"] == "bench"}
+        assert plain_rows["b-plain"]["program"] == PLAIN and plain_rows["b-plain"]["vs_plain"] == 1.0, plain_rows
+        assert abs(plain_rows["b-fsdp"]["vs_plain"] - 0.96) < 1e-9 and plain_rows["s-zero2"]["vs_plain"] is None
+        assert [r["name"] for r in rows if r["section"] == "bench"][:3] == ["b-plain", "b-single", "b-fsdp"]
+        assert [r["name"] for r in rows if r["section"] == "bench"][3] == "s-plain"  # the baseline first
+        for expected in ("| L24 d2048 h16 T1024 B16 (1211M) | plain LibTorch (bench_gpt_cuda), bf16 | ok | 327.7 | 50,000 |",
+                         "| 43.0% |", "| 28.00 GiB | 31.00 GiB | 1.00 | – |", "| 1.00 | 1.00 |", "| 0.96 | 0.96 |",
+                         "| L24 d1024 h16 T1024 B32 (304M) | dtrain FSDP Full, bf16 | ok |", "| 0.90 | – |",
+                         "FSDP Full / plain LibTorch = 0.96 (target >= 0.95: met); its MFU 41.0% (target >= 40% at 1.3B: met)",
+                         "(304M): dtrain FSDP Full / plain LibTorch = 0.90 (target >= 0.95: **not met**)\n"):
+            assert expected in text, (expected, text)
         for expected in ("| 1.00 |", "| 0.96 |", "41.0%", "80.0%/75.0%", "| 3.00 GiB |", "130.00 GiB", "NO-TIME-LEFT", "| ok† |", "final.device",
                          "| test_cuda_training | 2 | 1 | 4 | 0 | 0 | 1 |", "8.06B", "| 1 |"):
             assert expected in text, (expected, text)
@@ -591,6 +701,8 @@ def main():
     p.add_argument("--rc", type=int, default=0)
     p.add_argument("--seconds", type=int, default=0)
     p.add_argument("--backend", default="")
+    p.add_argument("--program", default="dtrain", choices=("dtrain", PLAIN),
+                   help="what ran: dtrain train (NAME.jsonl its --metrics) or bench_gpt_cuda (its JSON line)")
     p.set_defaults(func=cmd_record)
     p = sub.add_parser("table")
     p.add_argument("runs", help="the run folder or gpu_runs.tar.gz")
