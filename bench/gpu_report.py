@@ -367,6 +367,14 @@ def overlap_cells(run):
     return overlap, exposed
 
 
+def device_overlap_cell(run):
+    """The overlap timed on the device (device_* spans), or – when the trace has none."""
+    ranks = [r for r in (run.get("trace") or []) if r.get("device_timed")]
+    if not ranks:
+        return "–"
+    return "/".join(pct(r.get("device_overlap")) for r in ranks)
+
+
 def status_cell(run):
     m = run.get("metrics") or {}
     if run["status"] != "ok":
@@ -497,7 +505,7 @@ def overlap_section(runs, rows_out):
     if not chosen:
         return []
     header = ["run", "strategy", "status", "ms/step", "tokens/s", "overlap (per rank)", "exposed comm ms (per rank)",
-              "CUDA allocated peak (largest rank)", "extra flags"]
+              "device overlap (per rank)", "CUDA allocated peak (largest rank)", "extra flags"]
     rows = []
     for run in chosen:
         m = run.get("metrics") or {}
@@ -505,11 +513,12 @@ def overlap_section(runs, rows_out):
         extra = " ".join(a for a in run["args"] if "stream" in a) or "–"
         rows.append([run["name"], arg_value(run["args"], "--strategy", "?"), status_cell(run),
                      fmt(m.get("step_time_s") and m["step_time_s"] * 1e3, "%.1f"), fmt(m.get("tokens_per_s"), "%.0f"),
-                     overlap, exposed, gib(m.get("cuda_allocated_peak_bytes")), extra])
+                     overlap, exposed, device_overlap_cell(run), gib(m.get("cuda_allocated_peak_bytes")), extra])
         rows_out.append({"section": "overlap", "name": run["name"], "status": run["status"],
                          "step_time_s": m.get("step_time_s"), "trace": run.get("trace")})
     return ["## Two ranks on the one GPU (Gloo), traced", "",
-            "overlap = 1 - exposed / comm from `dtrain trace summary` over the whole run.", ""] + table(header, rows) + \
+            "overlap = 1 - exposed / comm from `dtrain trace summary` over the whole run (host spans); device "
+            "overlap: the same from the spans timed on the GPU (none with --comm-streams off).", ""] + table(header, rows) + \
         missing_note(chosen) + [""]
 
 
@@ -525,7 +534,7 @@ def largest_section(runs, rows_out):
         plan = run.get("plan") or {}
         params = m.get("parameters") or plan.get("parameters")
         rows.append([run["name"], shape(run["args"]), "%.2fB" % (params / 1e9) if params else "–",
-                     "yes" if "--activation-checkpointing" in run["args"] else "**no** (flag missing)", status_cell(run),
+                     "yes" if arg_value(run["args"], "--activation-checkpointing", "off") == "on" else "**no**", status_cell(run),
                      gib(plan.get("peak_bytes")), gib(m.get("cuda_allocated_peak_bytes")),
                      gib(m.get("cuda_reserved_peak_bytes")), fmt(m.get("step_time_s") and m["step_time_s"] * 1e3, "%.0f"),
                      pct(m.get("mfu"))])
@@ -622,8 +631,10 @@ def cmd_selftest(_args):
         write("e-broken.jsonl", [step(1, 900.0)])
         write("e-resume.jsonl", [{"resumed_from_step": 3}, step(4, 900.0, **gpu), dict(final, resumed_from_step=3)])
         with open(os.path.join(tmp, "o-fsdp.trace-summary.json"), "w") as f:
-            json.dump({"ranks": [{"rank": 0, "overlap": 0.8, "exposed_comm_ms": 12.0},
-                                 {"rank": 1, "overlap": 0.75, "exposed_comm_ms": 15.0}]}, f)
+            json.dump({"ranks": [{"rank": 0, "overlap": 0.8, "exposed_comm_ms": 12.0, "device_timed": True,
+                                  "device_overlap": 0.9},
+                                 {"rank": 1, "overlap": 0.75, "exposed_comm_ms": 15.0, "device_timed": True,
+                                  "device_overlap": 0.85}]}, f)
         two = dict(gpu, cuda_allocated_peak_bytes=[1 << 30, 3 << 30])
         write("o-fsdp.jsonl", [step(i, 2000.0, **two) for i in range(1, 5)] + [dict(final, strategy="fsdp", world_size=2)])
         with open(os.path.join(tmp, "l-40.plan.json"), "w") as f:
@@ -641,7 +652,7 @@ def cmd_selftest(_args):
                     ("e-broken", "e2e", "FAIL(1)", ["--strategy", "fsdp"]),
                     ("e-resume", "e2e", "ok", ["--strategy", "single", "--resume"]),
                     ("o-fsdp", "overlap", "ok", ["--strategy", "fsdp", "--trace", "x"]),
-                    ("l-40", "largest", "ok", base + ["--strategy", "fsdp", "--activation-checkpointing"]),
+                    ("l-40", "largest", "ok", base + ["--strategy", "fsdp", "--activation-checkpointing", "on"]),
                     ("l-36", "largest", "NO-TIME-LEFT", base)]
         for name, phase, status, argv in manifest:
             cmd_record(argparse.Namespace(work=tmp, name=name, phase=phase, nproc=1, status=status, rc=0, seconds=3,

@@ -155,6 +155,21 @@ Resolved resolve(const PlanFlags& f) {
       throw std::invalid_argument("--fsdp-compress grads=...: --strategy " + f.strategy +
                                   " all-reduces gradients; use grads=none with it");
   }
+  if (f.activation_checkpointing == "on") {  // as dtrain train refuses what it does not run
+    const std::string flag = "--activation-checkpointing on";
+    if (strategy_info(f.strategy).engine != StrategyEngine::FSDP)
+      throw std::invalid_argument(flag + " recomputes each FSDP unit's forward in its backward: it needs --strategy " +
+                                  strategy_list([](const StrategyInfo& s) { return s.engine == StrategyEngine::FSDP; }) +
+                                  ", not " + f.strategy);
+    if (!gpt)
+      throw std::invalid_argument(flag + " recomputes the transformer blocks (the FSDP units) in their backward: it "
+                                  "needs --model gpt; --model " + f.model +
+                                  " is a single unit, the root, which keeps its activations");
+    if (f.tp > 1 || f.pp > 1)
+      throw std::invalid_argument(flag + " with --" + (f.tp > 1 ? "tp " + std::to_string(f.tp) : "pp " + std::to_string(f.pp)) +
+                                  " is not available yet (dtrain train does not run it): leave one of them out");
+    r.options.fsdp.activation_checkpointing = true;
+  }
   r.options.fsdp.forward_prefetch = f.forward_prefetch;
   r.options.fsdp.backward_prefetch = f.backward_prefetch == "pre"    ? BackwardPrefetch::Pre
                                      : f.backward_prefetch == "post" ? BackwardPrefetch::Post
@@ -247,9 +262,10 @@ void print(const Resolved& r, const plan::Plan& p) {
   else if (r.tp > 1)
     std::printf(", mesh (dp=%d, tp=%d): %s over dp", p.world_size, r.tp, p.strategy.c_str());
   if (!ddp) std::printf(", shard group %d", p.shard_group_size);
-  std::printf(", batch %lld per rank (global %lld), %s, %s\n", static_cast<long long>(model.batch_per_rank),
+  std::printf(", batch %lld per rank (global %lld), %s, %s%s\n", static_cast<long long>(model.batch_per_rank),
               static_cast<long long>(r.global_batch),
-              r.options.fsdp.mixed_precision.param_dtype == torch::kBFloat16 ? "bf16 compute" : "fp32", r.optimizer.c_str());
+              r.options.fsdp.mixed_precision.param_dtype == torch::kBFloat16 ? "bf16 compute" : "fp32", r.optimizer.c_str(),
+              r.options.fsdp.activation_checkpointing ? ", activation checkpointing (blocks recomputed in backward)" : "");
 
   std::printf("\nPeak memory of rank %d: %s (the larger of the start's and a step's)\n", r.rank,
               human(p.overall_peak_bytes()).c_str());
@@ -337,6 +353,7 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
           {"mixed_precision", r.options.fsdp.mixed_precision.param_dtype == torch::kBFloat16 ? "bf16" : "none"},
           {"optimizer", r.optimizer},
           {"fsdp_compress", to_string(r.options.fsdp.compression)},
+          {"activation_checkpointing", r.options.fsdp.activation_checkpointing},
           {"peak_bytes", p.overall_peak_bytes()},
           {"step_peak_bytes", p.peak.total()},
           {"peak", to_json(p.peak)},
@@ -385,6 +402,10 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
   cmd->add_option("--fsdp-compress", f.fsdp_compress,
                   "Sharded strategies: compressed collectives as dtrain train takes them, e.g. params=int8,grads=bf16")
       ->capture_default_str();
+  cmd->add_option("--activation-checkpointing", f.activation_checkpointing,
+                  "Sharded strategies with --model gpt: on (each block keeps only its input from forward to backward "
+                  "and is recomputed in its backward, as dtrain train --activation-checkpointing on) | off")
+      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   cmd->add_option("--optimizer", f.optimizer, "adamw | sgd (default: gpt adamw, else sgd)")
       ->check(CLI::IsMember({"adamw", "sgd"}));
   cmd->add_option("--momentum", f.momentum, "SGD momentum (0: no momentum buffer)")->capture_default_str()

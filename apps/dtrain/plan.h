@@ -28,6 +28,7 @@ struct PlanFlags {
   int64_t batch_size = 0;         // global; 0: gpt 32, else 128 (as dtrain train)
   std::string mixed_precision = "none";  // none | bf16
   std::string fsdp_compress = "none";    // as dtrain train --fsdp-compress
+  std::string activation_checkpointing = "off";  // on | off (as dtrain train)
   std::string optimizer;          // adamw | sgd; "": gpt adamw, else sgd (as dtrain train)
   double momentum = 0.9;
   bool forward_prefetch = true;

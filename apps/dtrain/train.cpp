@@ -136,6 +136,11 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
             "--tf32", [&c](const std::string& value) { c.tf32 = value == "on"; },
             "cuda: fp32 matmuls and convolutions on TF32 tensor cores: on (default) | off (full fp32)")
       ->check(CLI::IsMember({"on", "off"}));
+  device->add_option_function<std::string>(
+            "--comm-streams", [&c](const std::string& value) { c.comm_streams = value == "on"; },
+            "cuda: FSDP's and DDP's collectives on CUDA streams of their own, overlapping compute: on (default) | "
+            "off (on the compute stream)")
+      ->check(CLI::IsMember({"on", "off"}));
   device->add_option("--peak-tflops", c.peak_tflops,
                      "The device's peak TFLOP/s for the compute dtype, MFU's denominator (default: measured once per "
                      "machine by a GEMM probe and cached)")
@@ -214,6 +219,12 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
                        "zero1/zero2/fsdp/hsdp: prefetch the next unit's all-gather: on | off | auto (time both "
                        "in the first steps, keep the faster)")
       ->check(CLI::IsMember({"on", "off", "auto"}))->capture_default_str();
+  parallel->add_option_function<std::string>(
+               "--activation-checkpointing", [&c](const std::string& value) { c.activation_checkpointing = value == "on"; },
+               "zero1/zero2/fsdp/hsdp with gpt, gpt2 or llama: on (keep only each block's input from forward to "
+               "backward and recompute the block in its backward: less memory, one more forward of the blocks per "
+               "step) | off (default)")
+      ->check(CLI::IsMember({"on", "off"}));
   // Parameter server and stragglers (issue 7; src/train/ps_training.h, src/train/stragglers.h).
   parallel->add_option("--servers", c.servers, "ps-*: the last S ranks are servers, the others workers")
       ->capture_default_str();

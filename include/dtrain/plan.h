@@ -56,6 +56,13 @@ struct UnitSpec {
   // Transient bytes when its backward ends: its activations are gone, its
   // parameters' gradients not yet final (GPT root: the embeddings' backward).
   int64_t backward_end_workspace_bytes = 0;
+  // With activation checkpointing (FSDPOptions::activation_checkpointing;
+  // units other than the root): what stays of its forward until its
+  // backward recomputes it, counted as activation_bytes counts it: its
+  // output, which the next unit's recompute keeps as its input (or the
+  // root's tail saves). Its backward then holds activation_bytes again.
+  // 0: not described (make_plan refuses to plan checkpointing then).
+  int64_t checkpointed_activation_bytes = 0;
 
   int64_t numel() const;
 };
@@ -165,7 +172,10 @@ Optimizer optimizer_from(const std::string& name, double momentum);
 
 struct PlanOptions {
   Engine engine = Engine::FSDP;
-  FSDPOptions fsdp;  // strategy, hybrid_group_size, mixed precision, prefetch, max_inflight_all_gathers
+  // strategy, hybrid_group_size, mixed precision, prefetch,
+  // max_inflight_all_gathers, activation_checkpointing (planned for
+  // describe_gpt's models; mlp and cnn have no unit to recompute)
+  FSDPOptions fsdp;
   Optimizer optimizer = Optimizer::AdamW;
   int world_size = 1;
   // The rank to plan. Ranks differ only in how much of the padding their
@@ -240,7 +250,9 @@ struct Plan {
 };
 
 // Throws std::invalid_argument for options the engines reject (a hybrid
-// group that does not divide the world, a rank outside it, ...).
+// group that does not divide the world, a rank outside it, ...) or it does
+// not model (activation checkpointing under DDP, on a pipeline stage or a
+// model without checkpointed_activation_bytes).
 Plan make_plan(const ModelSpec& model, const PlanOptions& options);
 
 // "ddp" | "zero1" | "zero2" | "fsdp" | "hsdp" (the names `dtrain train`

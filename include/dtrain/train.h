@@ -78,6 +78,10 @@ struct TrainConfig {
   // CUDA: let fp32 matmuls and convolutions use TF32 tensor cores (faster,
   // 10-bit mantissa products); false: full fp32.
   bool tf32 = true;
+  // CUDA: FSDP's and DDP's collectives on streams of their own, so they
+  // overlap with compute (FSDPOptions/DDPOptions::comm_streams); false: on
+  // the compute stream (to measure what the streams buy).
+  bool comm_streams = true;
   // The hardware's peak TFLOP/s for the compute dtype, the denominator of
   // MFU; 0 = measured once per machine by a GEMM probe (src/train/peak_flops.h).
   double peak_tflops = 0;
@@ -115,6 +119,12 @@ struct TrainConfig {
   // Sharded strategies: compressed all-gathers / reduce-scatters,
   // "params=int8,grads=bf16,block=256" (dtrain/fsdp_compression.h); "none".
   std::string fsdp_compress = "none";
+  // zero1 / zero2 / fsdp / hsdp with a transformer (gpt, gpt2, llama): each
+  // block (an FSDP unit) keeps only its input from forward to backward and
+  // recomputes its forward in its backward (FSDPOptions::
+  // activation_checkpointing): less activation memory, one more forward of
+  // the blocks per step.
+  bool activation_checkpointing = false;
 
   // ---- parameter server and stragglers (issue 7; src/train/ps_training.h, src/train/stragglers.h)
   int servers = 1;          // ps-*: the last S ranks serve; the other W = nproc - S train

@@ -15,7 +15,7 @@
 # back at most 8):
 #   gpu_check.log    everything below, as it happens
 #   build.log        the full ninja output
-#   bench.txt        bench_gpt_cuda's table (if built)
+#   bench.txt        the plain-LibTorch baseline runs (bench_gpt_cuda output)
 #   gpu_results.md   the results page (bench/gpu_report.py): tests, end-to-end
 #                    runs, throughput, overlap, largest model
 #   gpu_runs.tar.gz  $WORK: every run's metrics/log/trace summary, the plans,
@@ -24,7 +24,7 @@
 # Settings (environment): TORCH_PREFIX (default: python3's
 # torch.utils.cmake_prefix_path), BUILD_DIR (default build-gpu), JOBS
 # (default: all cores), CUDA_ARCH (default 9.0), DTRAIN_GPU_BENCH=0 to skip
-# the throughput probe, DEADLINE (default 560): seconds the whole script may
+# the plain-LibTorch baseline runs, DEADLINE (default 560): seconds the whole script may
 # take; each step gets at most what is left and is skipped (NO-TIME-LEFT in
 # the summary) without its minimum (the device tool kills a command at 600
 # s); BUILD_LIMIT (default 480) caps the build step alone; gpu_runs.sh's own

@@ -16,23 +16,25 @@
 #              1 rank (NCCL) and 2 ranks (Gloo), with --checkpoint-dir and
 #              --checkpoint-every 10, --resume to 30 steps, --trace (then
 #              `dtrain trace summary`), --tf32 off once, --peak-tflops 0 once
-#   bench-1.3b ~60 s: GPT 24 layers, width 2048, 16 heads (1.21B), context
-#              1024, batch 16, bf16, AdamW, 10 steps: single, ddp, fsdp
-#              (Full), zero2 (GradOp), --fsdp-prefetch on
-#   probe      ~15 s: bench_gpt_cuda (plain LibTorch next to FSDP, its fixed
-#              86M GPT; the only plain-LibTorch figures)
-#   bench-350m ~40 s: as bench-1.3b at width 1024 (0.30B), batch 32
+#   bench-1.3b ~75 s: GPT 24 layers, width 2048, 16 heads (1.21B), context
+#              1024, batch 16, bf16, AdamW, 10 steps: first the plain-LibTorch
+#              baseline (bench_gpt_cuda: the same GPT, dtrain's bf16 policy
+#              and AdamW, 2 untimed + 8 timed steps; skipped when not built,
+#              e.g. DTRAIN_GPU_BENCH=0), then dtrain train --strategy single,
+#              ddp, fsdp (Full), zero2 (GradOp), --fsdp-prefetch on
+#   bench-350m ~50 s: as bench-1.3b at width 1024 (0.30B), batch 32
 #   overlap    ~30-45 s: 2 ranks on the one GPU (Gloo), GPT 12 x 768, batch
 #              8, 8 steps, traced: fsdp, fsdp without separate streams (where
 #              a flag turns them off), ddp
 #   largest    ~60-170 s: the largest GPT of width 4096 (32 heads, context
-#              1024, batch 2) that `dtrain plan` puts under 92% of the GPU's
-#              memory (~40 layers, 8B), 4 steps of fsdp bf16 (+ activation
-#              checkpointing where dtrain train has the flag); on a failure
-#              (OOM) the next smaller one, while time lasts
+#              1024, batch 2) that `dtrain plan --activation-checkpointing on`
+#              puts under 92% of the GPU's memory, 4 steps of fsdp bf16 with
+#              --activation-checkpointing on; on a failure (OOM) the next
+#              smaller one, while time lasts
 #   extra      ~20 s: zero1 at 1 rank, zero2 and hsdp at 2 ranks (small GPT)
 # dtrain's GEMM probe (MFU's peak) runs in the first run and is cached in
-# $WORK/cache (DTRAIN_CACHE_DIR) for the others.
+# $WORK/cache (DTRAIN_CACHE_DIR) for the others, bench_gpt_cuda's included
+# (its MFU is against the same peak).
 #
 # Results: $WORK (default $BUILD_DIR/gpu-runs) holds each run's NAME.jsonl
 # (--metrics), NAME.log, NAME.trace-summary.json, the plans and the test
@@ -54,7 +56,7 @@
 #   DTRAIN_GPU_DEVICE=cpu BUILD_DIR=build bash scripts/device/gpu_runs.sh
 
 WORK=${WORK:-$BUILD_DIR/gpu-runs}
-GPU_RUNS_PHASES=${GPU_RUNS_PHASES:-e2e bench-1.3b probe bench-350m overlap largest extra}
+GPU_RUNS_PHASES=${GPU_RUNS_PHASES:-e2e bench-1.3b bench-350m overlap largest extra}
 GPU_DEVICE=${DTRAIN_GPU_DEVICE:-cuda}
 MULTI_BACKEND=${DTRAIN_GPU_MULTI_BACKEND:-gloo}
 REPORTER=bench/gpu_report.py
@@ -228,35 +230,71 @@ phase_e2e() {
   phase_note e2e
 }
 
+# The plain-LibTorch baseline (tests/cuda/bench_gpt_cuda.cpp) of a bench
+# phase: baseline_run NAME PHASE NEED LIMIT [ARGS...], as train_run: skipped
+# without NEED seconds left, at most LIMIT seconds, recorded in runs.jsonl
+# (program bench_gpt_cuda); its JSON line goes to $WORK/NAME.jsonl, its
+# output to $WORK/NAME.log and $OUT/bench.txt. Not built by this gpu_check
+# run: recorded NOT-BUILT; DTRAIN_GPU_BENCH=0: left out.
+bench_txt_ready=0
+baseline_run() {
+  local name=$1 phase=$2 need=$3 limit=$4
+  shift 4
+  [ "${DTRAIN_GPU_BENCH:-1}" != 0 ] || return 0
+  local program=$BUILD_DIR/bin/bench_gpt_cuda marker=$BUILD_DIR/.gpu_check_build_started
+  local args=("$@" --device "$GPU_DEVICE") status=ok rc=0 seconds=0
+  [ "$bench_txt_ready" = 1 ] || { rm -f "$OUT/bench.txt"; bench_txt_ready=1; }
+  phase_total[$phase]=$((${phase_total[$phase]:-0} + 1))
+  if [ ! -x "$program" ] || { [ -f "$marker" ] && [ ! "$program" -nt "$marker" ]; }; then
+    echo "--- $name: $program was not built by this run"
+    status=NOT-BUILT
+  elif [ "$(budget "$need")" -lt "$need" ]; then
+    echo "--- $name: skipped, less than ${need}s left"
+    status=NO-TIME-LEFT
+  else
+    step "baseline $name (plain LibTorch): bench_gpt_cuda ${args[*]}"
+    local t0=$SECONDS
+    env "DTRAIN_CACHE_DIR=$WORK/cache" timeout -k 5 "$(budget "$limit")" "$program" "${args[@]}" >"$WORK/$name.log" 2>&1 </dev/null
+    rc=$? seconds=$((SECONDS - t0))
+    tail -n 5 "$WORK/$name.log"
+    tee -a "$OUT/bench.txt" <"$WORK/$name.log" >/dev/null
+    grep '^{"bench":"bench_gpt_cuda"' "$WORK/$name.log" | tail -n 1 >"$WORK/$name.jsonl"
+    if [ "$rc" = 77 ]; then status=SKIPPED-NO-GPU
+    elif [ "$rc" != 0 ]; then
+      status="FAIL($rc)"
+      [ "$rc" = 124 ] || [ "$rc" = 137 ] && status=TIMEOUT
+      grep -qiE "out of memory|CUDA_ERROR_OUT_OF_MEMORY|OutOfMemory" "$WORK/$name.log" && status=OOM
+    elif [ ! -s "$WORK/$name.jsonl" ]; then status=NO-RESULT
+    fi
+  fi
+  "$PYTHON" "$REPORTER" record "$WORK" --name "$name" --phase "$phase" --nproc 1 --status "$status" --rc "$rc" \
+    --seconds "$seconds" --program bench_gpt_cuda -- bench_gpt_cuda "${args[@]}"
+  if [ "$status" = ok ]; then phase_ok[$phase]=$((${phase_ok[$phase]:-0} + 1)); return 0; fi
+  phase_bad[$phase]+=" $name:$status"
+  return 1
+}
+
+# Plain LibTorch, then dtrain train single, ddp, fsdp (FSDP Full), zero2
+# (FSDP GradOp): the same GPT, batch and steps (the baseline times the 8
+# steps after 2 untimed ones, as the page takes dtrain's medians).
 phase_bench() {  # phase_bench 350m|1.3b
   local size=$1 model steps=10 need=30 phase=bench-$1
   [ "$size" = 1.3b ] && need=40
   [ "$GPU_DEVICE" = cpu ] && steps=3
   shape "$size"
-  local common=("${model[@]}" --optimizer adamw --steps "$steps" --eval-windows 2 --samples 0)
-  train_run "bench-$size-single" "$phase" 1 "$need" 120 "${common[@]}" --strategy single --mixed-precision "$mp_sd"
-  train_run "bench-$size-ddp" "$phase" 1 "$need" 120 "${common[@]}" --strategy ddp --mixed-precision "$mp_sd"
-  local strategy
-  for strategy in fsdp zero2; do
-    train_run "bench-$size-$strategy" "$phase" 1 "$need" 120 "${common[@]}" --strategy $strategy --mixed-precision bf16 \
-      --fsdp-prefetch on
-  done
-  phase_note "$phase"
-}
-
-# bench_gpt_cuda: LibTorch alone next to dtrain's FSDP (its own fixed 86M GPT).
-phase_probe() {
-  [ "${DTRAIN_GPU_BENCH:-1}" != 0 ] || return 0
-  local marker=$BUILD_DIR/.gpu_check_build_started
-  if [ ! -x "$BUILD_DIR/bin/bench_gpt_cuda" ] || { [ -f "$marker" ] && [ ! "$BUILD_DIR/bin/bench_gpt_cuda" -nt "$marker" ]; }; then
-    note "probe=NOT-BUILT"
-    return 0
+  baseline_run "bench-$size-plain" "$phase" "$need" 120 "${model[@]}" --mixed-precision bf16 --warmup-steps 2 \
+    --steps $((steps - 2))
+  if [ "$runs_ready" = 1 ]; then
+    local common=("${model[@]}" --optimizer adamw --steps "$steps" --eval-windows 2 --samples 0)
+    train_run "bench-$size-single" "$phase" 1 "$need" 120 "${common[@]}" --strategy single --mixed-precision "$mp_sd"
+    train_run "bench-$size-ddp" "$phase" 1 "$need" 120 "${common[@]}" --strategy ddp --mixed-precision "$mp_sd"
+    local strategy
+    for strategy in fsdp zero2; do
+      train_run "bench-$size-$strategy" "$phase" 1 "$need" 120 "${common[@]}" --strategy $strategy --mixed-precision bf16 \
+        --fsdp-prefetch on
+    done
   fi
-  if [ "$(budget 45)" -lt 45 ]; then note "probe=NO-TIME-LEFT"; return 0; fi
-  step "throughput probe (bench_gpt_cuda)"
-  env DTRAIN_TIMEOUT=120 timeout -k 5 "$(budget 150)" "$BUILD_DIR/bin/dtrain" launch -n 1 --backend c10d -- \
-    "$BUILD_DIR/bin/bench_gpt_cuda" 2>&1 | tee "$OUT/bench.txt"
-  if [ "${PIPESTATUS[0]}" = 0 ]; then note "probe=OK"; else note "probe=FAIL"; fi
+  phase_note "$phase"
 }
 
 phase_overlap() {
@@ -288,9 +326,15 @@ phase_overlap() {
 }
 
 phase_largest() {
-  local ac_train=() ac_plan=() layers dim=4096 heads=32 seq=1024 batch=2 steps=4
-  has_flag "$train_help" --activation-checkpointing && ac_train=(--activation-checkpointing)
-  has_flag "$plan_help" --activation-checkpointing && ac_plan=(--activation-checkpointing)
+  # Activation checkpointing on, in the plan and in the run: each block keeps
+  # only its input until its backward recomputes it (dtrain train and dtrain
+  # plan --activation-checkpointing on|off).
+  local ac=(--activation-checkpointing on) layers dim=4096 heads=32 seq=1024 batch=2 steps=4
+  if ! has_flag "$train_help" --activation-checkpointing || ! has_flag "$plan_help" --activation-checkpointing; then
+    echo "dtrain train or dtrain plan has no --activation-checkpointing: the largest model is not run"
+    note "largest=NO-ACTIVATION-CHECKPOINTING-FLAG"
+    return 0
+  fi
   local candidates=(48 44 40 36 32 28 24 20 16) memory_mib
   memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1)
   if [ "$GPU_DEVICE" = cpu ]; then
@@ -299,15 +343,15 @@ phase_largest() {
   if [ -z "$memory_mib" ]; then note "largest=NO-GPU-MEMORY"; return 0; fi
   local limit
   limit=$("$PYTHON" -c "print(int($memory_mib * 1048576 * ${LARGEST_FRACTION:-0.92}))")
-  step "largest model: dtrain plan for width $dim, batch $batch, under $limit bytes (${ac_plan[*]:-no activation checkpointing in plan})"
+  step "largest model with activation checkpointing: dtrain plan ${ac[*]} for width $dim, batch $batch, under $limit bytes"
   local fits=() predicted
   for layers in "${candidates[@]}"; do
     [ ${#fits[@]} -ge 2 ] && break  # the largest that fits and one smaller are all that can run
     timeout 30 "$DTRAIN" plan --model gpt --gpt-layers "$layers" --gpt-dim $dim --gpt-heads $heads --seq-len $seq \
-      --nproc 1 --batch-size $batch --mixed-precision bf16 --strategy fsdp "${ac_plan[@]}" --json \
+      --nproc 1 --batch-size $batch --mixed-precision bf16 --strategy fsdp "${ac[@]}" --json \
       >"$WORK/plan-L$layers.json" 2>&1
     predicted=$("$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["peak_bytes"])' "$WORK/plan-L$layers.json" 2>/dev/null)
-    echo "L$layers x $dim: plan predicts ${predicted:-?} bytes"
+    echo "L$layers x $dim, activation checkpointing: plan predicts ${predicted:-?} bytes"
     [ -n "$predicted" ] && [ "$predicted" -le "$limit" ] && fits+=("$layers")
   done
   local tried=0
@@ -317,11 +361,10 @@ phase_largest() {
     cp "$WORK/plan-L$layers.json" "$WORK/largest-L$layers.plan.json"
     if train_run "largest-L$layers" largest 1 90 170 --gpt-layers "$layers" --gpt-dim $dim --gpt-heads $heads \
       --seq-len $seq --batch-size $batch --steps $steps --strategy fsdp --mixed-precision bf16 --fsdp-prefetch on \
-      --eval-windows 1 --samples 0 "${ac_train[@]}"; then
+      --eval-windows 1 --samples 0 "${ac[@]}"; then
       break
     fi
   done
-  [ ${#ac_train[@]} -gt 0 ] || note "largest:no-activation-checkpointing-flag"
   phase_note largest
 }
 
@@ -337,16 +380,17 @@ phase_extra() {
 }
 
 gpu_runs_main() {
-  local phase ready=1
-  gpu_runs_setup || ready=0
+  local phase
+  runs_ready=1
+  gpu_runs_setup || runs_ready=0
   for phase in $GPU_RUNS_PHASES; do
-    # Without a dtrain train that runs on the GPU only the probe is left.
-    [ "$ready" = 1 ] || [ "$phase" = probe ] || continue
+    # Without a dtrain train that runs on the GPU only the bench phases' plain-LibTorch baselines are left.
+    [ "$runs_ready" = 1 ] || [[ $phase == bench-* ]] || continue
     case $phase in
       e2e) phase_e2e ;;
       bench-1.3b) phase_bench 1.3b ;;
       bench-350m) phase_bench 350m ;;
-      probe) phase_probe ;;
+      probe) echo "probe: now the bench phases' plain-LibTorch baselines (bench_gpt_cuda)" ;;
       overlap) phase_overlap ;;
       largest) phase_largest ;;
       extra) phase_extra ;;

@@ -160,8 +160,8 @@ void Reducer::launch_complete_buckets() {
     const trace::Label label("bucket", bucket.grads.index);
     stream_.wait_for_current();  // the bucket's gradients are written
     const CommStream::Scope on_stream(stream_);
-    if (stream_.active()) {
-      bucket_spans_.at(next_bucket_ - 1) = trace::DeviceSpan("all_reduce", trace::category::device_comm, "cuda all-reduce",
+    if (stream_.active() && next_bucket_ - 1 < bucket_spans_.size()) {
+      bucket_spans_[next_bucket_ - 1] = trace::DeviceSpan("all_reduce", trace::category::device_comm, "cuda all-reduce",
                                                              stream_.stream(), {{"bucket", bucket.grads.index}});
     }
     HookContext context{*comm_, iteration_, 0};
@@ -232,7 +232,7 @@ void Reducer::finalize_backward() {
       auto& bucket = buckets_.buckets[b];
       bucket.reduction->wait();
       bucket.reduction.reset();
-      bucket_spans_.at(b).end();
+      if (b < bucket_spans_.size()) bucket_spans_[b].end();
     }
   }
   stream_.current_waits();  // the averages are read on the compute stream from here on

@@ -111,6 +111,9 @@ ModelSpec describe_gpt(const models::GPTConfig& config, int64_t batch_per_rank, 
     // 7C per token over what it saved: gelu's and mlp_fc's output gradients
     // and the residual stream's; measured 6.5-6.8C).
     block.backward_workspace_bytes = 7 * tokens * C * e;
+    // Checkpointed: only its output (C per token), which the next block's
+    // recompute (or ln_f) keeps as its input.
+    block.checkpointed_activation_bytes = tokens * C * e;
     model.units.push_back(block);
   }
 

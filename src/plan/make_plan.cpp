@@ -102,6 +102,18 @@ detail::Layout resolve(const PlanOptions& options) {
 Plan make_plan(const ModelSpec& model, const PlanOptions& options) {
   if (model.units.empty()) throw std::invalid_argument("plan: the model has no units (units[0] must be the root)");
   const auto layout = resolve(options);
+  if (options.fsdp.activation_checkpointing) {
+    if (layout.ddp)
+      throw std::invalid_argument("plan: activation checkpointing is the FSDP engine's (FSDPOptions::"
+                                  "activation_checkpointing); DDP keeps every unit's activations");
+    if (model.pipeline.stages > 1)
+      throw std::invalid_argument("plan: activation checkpointing on a pipeline stage is not modelled (its units run "
+                                  "gathered for the whole step, without the recompute)");
+    for (size_t u = 1; u < model.units.size(); ++u)
+      if (model.units[u].activation_bytes > 0 && model.units[u].checkpointed_activation_bytes <= 0)
+        throw std::invalid_argument("plan: activation checkpointing is not modelled for " + model.description +
+                                    " (unit '" + model.units[u].name + "' does not say what it keeps)");
+  }
   Plan plan;
   plan.strategy = strategy_name(options);
   plan.world_size = layout.world_size;

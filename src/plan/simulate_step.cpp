@@ -45,11 +45,25 @@
 //   The root runs first and last: its tail (after its children) is undone
 //   first, and the gradients that tail produces stay until the root's own
 //   backward ends.
+// - Activation checkpointing (FSDPOptions::activation_checkpointing;
+//   src/fsdp/activation_checkpoint.cpp): every unit but the root runs its
+//   forward under no-grad, keeping its input and a copy of the CPU
+//   generator's state. The replay counts checkpointed_activation_bytes per
+//   unit from its forward to its backward instead of activation_bytes, and
+//   the generator states until the end of backward (the autograd graph
+//   holds them until it is freed). A unit's output is freed when the next
+//   unit's backward ends (before this unit's backward gathers it); its
+//   backward then holds one more generator state and activation_bytes again
+//   (the recompute), of which its recomputed output stays until its
+//   gradients are reduced (the reductions run inside the recompute's
+//   backward).
 // - Optimizer step: AdamW computes sqrt(exp_avg_sq) / bias-correction into
 //   two temporaries of one parameter's size; SGD allocates none.
 #include "plan/plan_internal.h"
 #include "plan/replay.h"
 #include "fsdp/schedule_rules.h"
+
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <deque>
@@ -60,6 +74,13 @@ namespace dtrain::plan::detail {
 namespace {
 
 // ---------------------------------------------------------------- FSDP
+
+// The bytes of the tensor the CPU generator's state is saved in
+// (get_state(), which activation checkpointing calls per unit).
+int64_t generator_state_bytes() {
+  static const int64_t bytes = static_cast<int64_t>(at::detail::createCPUGenerator().get_state().nbytes());
+  return bytes;
+}
 
 struct UnitState {
   FlatLayout flat;
@@ -112,6 +133,8 @@ class FSDPReplay {
 
  private:
   bool free_after_backward() const { return fsdp_rules::free_after_backward(layout_.strategy); }
+  // FSDPState::forward_unit: every unit but the root, when asked for.
+  bool checkpointed(size_t u) const { return options_.activation_checkpointing && u != 0; }
   bool reshard_after_forward(size_t u) const { return fsdp_rules::reshard_after_forward(layout_.strategy, u == 0); }
   int64_t full_bytes(size_t u) const { return units_[u].flat.padded * layout_.compute_bytes; }
   // The shard cast to the compute dtype for the gather (shard.to() copies
@@ -198,7 +221,10 @@ class FSDPReplay {
       if (start_unshard(u)) ++inflight_;
       if (options_.forward_prefetch) prefetch(neighbour(u, +1));
       consume(u);
-      t_.add(&MemoryBreakdown::activations, model_.units[u].activation_bytes);
+      if (checkpointed(u))  // its input is kept, and the generator's state
+        t_.add(&MemoryBreakdown::activations, model_.units[u].checkpointed_activation_bytes + generator_state_bytes());
+      else
+        t_.add(&MemoryBreakdown::activations, model_.units[u].activation_bytes);
       t_.mark("forward: " + display(model_.units[u]));
       if (reshard_after_forward(u)) reshard(u, true);
     }
@@ -218,14 +244,27 @@ class FSDPReplay {
               model_.output_bytes + model_.loss_bytes + model_.root_tail_activation_bytes);
     t_.add(&MemoryBreakdown::gradients, model_.root_tail_gradient_bytes);
     std::vector<size_t> reduced;
+    int64_t generator_states = 0;
     for (size_t u = units_.size() - 1; u >= 1; --u) {
+      const auto& spec = model_.units[u];
+      // Its output went with the next unit's recompute (or the root's tail).
+      if (checkpointed(u)) t_.remove(&MemoryBreakdown::activations, spec.checkpointed_activation_bytes);
       pre_backward(u);
+      if (checkpointed(u)) {  // the recompute, and the generator's state of the moment
+        t_.add(&MemoryBreakdown::activations, spec.activation_bytes + generator_state_bytes());
+        t_.mark("backward: " + display(spec) + " recomputes its forward");
+      }
       unit_backward(u);
+      if (checkpointed(u)) {
+        t_.remove(&MemoryBreakdown::activations, spec.checkpointed_activation_bytes + generator_state_bytes());
+        generator_states += generator_state_bytes();
+      }
       reduced.push_back(u);
     }
     unit_backward(0);
     reduced.push_back(0);
     finalize(reduced);
+    t_.remove(&MemoryBreakdown::activations, generator_states);  // the graph is freed
   }
 
   void pre_backward(size_t u) {
@@ -240,13 +279,16 @@ class FSDPReplay {
     const auto& spec = model_.units[u];
     const auto& flat = units_[u].flat;
     if (spec.parameters.empty()) {  // no gradients to wait for: nothing is reduced
-      t_.remove(&MemoryBreakdown::activations, spec.activation_bytes);
+      t_.remove(&MemoryBreakdown::activations,
+                spec.activation_bytes - (checkpointed(u) ? spec.checkpointed_activation_bytes : 0));
       return;
     }
     t_.add(&MemoryBreakdown::gradients, spec.gradients_at_workspace_peak * layout_.compute_bytes);
     t_.mark_with(&MemoryBreakdown::activations, spec.backward_workspace_bytes, "backward: " + display(spec));
     t_.remove(&MemoryBreakdown::gradients, spec.gradients_at_workspace_peak * layout_.compute_bytes);
-    t_.remove(&MemoryBreakdown::activations, spec.activation_bytes);
+    // Recomputed: its output stays until the recompute's backward returns.
+    t_.remove(&MemoryBreakdown::activations,
+              spec.activation_bytes - (checkpointed(u) ? spec.checkpointed_activation_bytes : 0));
     t_.mark_with(&MemoryBreakdown::activations, spec.backward_end_workspace_bytes,
                  "backward: " + display(spec) + " computes its last gradients");
     t_.add(&MemoryBreakdown::gradients, flat.numel * layout_.compute_bytes);

@@ -291,6 +291,30 @@ void check_transformer_flags(const TrainConfig& c) {
   if (!(c.rope_theta > 0.0)) fail("--rope-theta must be positive, got " + std::to_string(c.rope_theta));
 }
 
+// --activation-checkpointing on (the strategy is checked with the others:
+// train::check_strategy): what FSDP's recompute covers in this run.
+void check_activation_checkpointing(const TrainConfig& c, const torch::Device& device) {
+  if (!c.activation_checkpointing) return;
+  const std::string flag = "--activation-checkpointing on";
+  // Only units other than the root are recomputed (FSDPOptions::
+  // activation_checkpointing); mlp and cnn are one unit, the root.
+  if (!is_language_model(c.model))
+    fail(flag + " recomputes the transformer blocks (the FSDP units) in their backward: it needs --model gpt, gpt2 "
+         "or llama; --model " + c.model + " is a single unit, the root, which keeps its activations");
+  if (c.tp > 1)
+    fail(flag + " with --tp " + std::to_string(c.tp) + " is not available yet: leave one of them out");
+  // A stage's units are gathered for the whole step (FullyShardedBase::
+  // gather_for_step), where FSDP runs them as they are, without the recompute.
+  if (c.pp > 1)
+    fail(flag + " with --pp " + std::to_string(c.pp) + " is not available yet (a pipeline stage runs its units "
+         "gathered for the whole step, without the recompute): leave one of them out");
+  // The recompute restores the CPU generator's state only, so on a GPU
+  // dropout would draw other masks in backward than in forward.
+  if (c.dropout > 0 && device.is_cuda())
+    fail(flag + " with --dropout on a GPU is not available: the recompute replays the CPU generator's dropout masks, "
+         "not the GPU's; use --dropout 0 or --device cpu");
+}
+
 }  // namespace
 
 void check_train_config(const TrainConfig& c, int world_size) {
@@ -318,11 +342,13 @@ void check_train_config(const TrainConfig& c, int world_size) {
   }
   check_data(c);
 
-  train::resolve_device(c);  // --device cuda on a machine without a GPU, or with a CPU-only strategy
+  // --device cuda on a machine without a GPU, or with a CPU-only strategy
+  const torch::Device device = train::resolve_device(c);
   train::check_strategy({.name = c.strategy, .compress = c.compress, .mixed_precision = c.mixed_precision,
                          .reduce_dtype = c.reduce_dtype, .fsdp_prefetch = c.fsdp_prefetch,
-                         .fsdp_compress = c.fsdp_compress},
+                         .fsdp_compress = c.fsdp_compress, .activation_checkpointing = c.activation_checkpointing},
                         data_ranks);
+  check_activation_checkpointing(c, device);
   check_features(c, strategy_info(c.strategy));
   check_ps_and_straggler_flags(c, world_size);
 

@@ -19,7 +19,8 @@ plan::Plan plan_for(const TrainConfig& config, const std::string& strategy, int 
   const bool sharded = strategy_info(strategy).engine == StrategyEngine::FSDP;
   if (sharded) {
     options.fsdp = fsdp_options({.name = strategy, .compress = "none", .mixed_precision = config.mixed_precision,
-                                 .fsdp_compress = config.fsdp_compress},
+                                 .fsdp_compress = config.fsdp_compress,
+                                 .activation_checkpointing = config.activation_checkpointing},
                                 dp);
   }
   options.world_size = dp;
@@ -53,8 +54,12 @@ std::string step_advice(const TrainConfig& config) {
     const std::string full_sharding = sharding == Sharding::OptimizerOnly || sharding == Sharding::GradOp
                                           ? "--strategy fsdp (it frees each unit's gathered weights after its forward), "
                                           : "";
-    return "Use " + full_sharding + "more ranks (--nproc), a smaller --batch-size, --mixed-precision bf16, or raise the "
-           "cap; `dtrain plan` shows what each moment of a step holds.";
+    const std::string recompute = is_language_model(config.model) && !config.activation_checkpointing && config.tp == 1 &&
+                                          config.pp == 1
+                                      ? "--activation-checkpointing on, "
+                                      : "";
+    return "Use " + full_sharding + "more ranks (--nproc), a smaller --batch-size, --mixed-precision bf16, " + recompute +
+           "or raise the cap; `dtrain plan` shows what each moment of a step holds.";
   }
   return "Shard the model (--strategy fsdp), use more ranks, a smaller --batch-size, or raise the cap.";
 }

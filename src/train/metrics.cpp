@@ -24,6 +24,7 @@ nlohmann::ordered_json final_record(const TrainConfig& config, const TrainResult
           {"world_size", result.world_size},
           {"strategy", config.strategy},
           {"model", config.model},
+          {"activation_checkpointing", config.activation_checkpointing},
           {"parameters", parameters},
           {"step_time_s_median", result.step_time_s_median},
           {"peak_memory_bytes", result.peak_memory_bytes},

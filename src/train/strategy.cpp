@@ -263,7 +263,9 @@ FSDPOptions fsdp_options(const StrategyOptions& options, int world_size) {
   // single disturbed step does not decide (Note [prefetch tuning]).
   if (options.fsdp_prefetch == "auto") fsdp.prefetch_tuning_steps = 3;
   fsdp.compression = parse_collective_compression(options.fsdp_compress);
+  fsdp.activation_checkpointing = options.activation_checkpointing;
   fsdp.device = options.device;
+  fsdp.comm_streams = options.comm_streams;
   return fsdp;
 }
 
@@ -288,6 +290,13 @@ void check_strategy(const StrategyOptions& options, int world_size) {
   if (options.fsdp_prefetch != "auto" && row.engine != StrategyEngine::FSDP)
     throw std::invalid_argument("--fsdp-prefetch " + options.fsdp_prefetch +
                                 " sets the FSDP engine's all-gather prefetch: it needs --strategy " +
+                                strategy_list([](const StrategyInfo& r) { return r.engine == StrategyEngine::FSDP; }) +
+                                ", not " + options.name);
+  // The FSDP engine recomputes its units in their backward; DDP and the
+  // parameter server have no such hook.
+  if (options.activation_checkpointing && row.engine != StrategyEngine::FSDP)
+    throw std::invalid_argument("--activation-checkpointing on recomputes each FSDP unit's forward in its backward: it "
+                                "needs --strategy " +
                                 strategy_list([](const StrategyInfo& r) { return r.engine == StrategyEngine::FSDP; }) +
                                 ", not " + options.name);
   const auto fsdp_compress = parse_collective_compression(options.fsdp_compress);  // throws naming the flag
@@ -343,6 +352,7 @@ std::unique_ptr<Strategy> wrap_model(Model& model, const StrategyOptions& option
     return std::make_unique<SingleProcess>(model);
   DDPOptions ddp_options;
   ddp_options.comm_hook = hooks::by_name(options.compress);
+  ddp_options.comm_streams = options.comm_streams;
   if (options.mixed_precision != "none") ddp_options.mixed_precision = mixed_precision_of(options);
   return std::make_unique<DataParallel>(model, std::move(world), std::move(ddp_options), options.name);
 }

@@ -93,11 +93,13 @@ struct StrategyOptions {
   std::string reduce_dtype = "fp32";     // with bf16: the gradient reduction's dtype, fp32 | bf16
   std::string fsdp_prefetch = "auto";    // zero1 / zero2 / fsdp / hsdp: on | off | auto
   std::string fsdp_compress = "none";    // sharded: dtrain::parse_collective_compression
+  bool activation_checkpointing = false; // sharded: FSDPOptions::activation_checkpointing
   bool gather_per_microbatch = false;    // --pp-gather microbatch (sharded): FullyShardedBase::gather_for_step
   // Where the model trains (--device); unset: where it was built. single
   // and ddp move the module there before wrapping it; the sharded
   // strategies move each piece of their shards (FSDPOptions::device).
   std::optional<torch::Device> device{};
+  bool comm_streams = true;  // --comm-streams: FSDPOptions/DDPOptions::comm_streams
 };
 
 // --mixed-precision / --reduce-dtype as the engines' policy (DDP and FSDP alike).

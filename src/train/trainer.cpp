@@ -43,6 +43,7 @@
 #include "train/stragglers.h"
 #include "train/strategy.h"
 #include "train/training_data.h"
+#include "common/device_spans.h"
 #include "common/timing.h"
 
 #include <ATen/Parallel.h>
@@ -216,8 +217,10 @@ void DataParallelRun::build() {
       model_, {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision,
                .reduce_dtype = config_.reduce_dtype,
                .fsdp_prefetch = config_.fsdp_prefetch, .fsdp_compress = config_.fsdp_compress,
+               .activation_checkpointing = config_.activation_checkpointing,
                .gather_per_microbatch = config_.pp_gather == "microbatch",
-               .device = device_.is_cuda() ? std::optional<torch::Device>(device_) : std::nullopt},
+               .device = device_.is_cuda() ? std::optional<torch::Device>(device_) : std::nullopt,
+               .comm_streams = config_.comm_streams},
       data_world_);
   if (pipeline_) tied_weight_ = strategy_->updated_tensor("wte.weight");
   if (!config_.init_from.empty()) {
@@ -240,6 +243,7 @@ void DataParallelRun::print_banner() const {
             << " parameters" << (c.init_from.empty() ? "" : ", initial weights from " + c.init_from) << "\n"
             << "  data      " << data_.description << "\n"
             << "  strategy  " << c.strategy << (c.compress != "none" ? " (" + c.compress + " compression)" : "")
+            << (c.activation_checkpointing ? " with activation checkpointing" : "")
             << " on " << world_size_ << (world_size_ == 1 ? " rank" : " ranks")
             << (mesh_ ? ", mesh " + mesh_->describe() : std::string()) << " (" << world_->backend_name() << "), " << at::get_num_threads() << (at::get_num_threads() == 1 ? " thread" : " threads")
             << " per rank\n"
@@ -309,6 +313,8 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   if (!outcome.skipped) {
     memory::set_phase("optimizer step");
     trace::Span span("optimizer_step", trace::category::compute);
+    const trace::DeviceSpan on_device("optimizer_step", trace::category::device_compute, "cuda compute",
+                                      trace::current_stream_of(device_));
     strategy_->optimizer_step(*optimizer_);
   }
   trace::sample_memory();
@@ -342,12 +348,16 @@ double DataParallelRun::forward_and_backward(int64_t step, const data::Batch& pa
   {
     memory::set_phase("forward", step_advice_);
     trace::Span span("forward", trace::category::compute);
+    const trace::DeviceSpan on_device("forward", trace::category::device_compute, "cuda compute",
+                                      trace::current_stream_of(device_));
     local_sum = model_.loss(strategy_->forward(part.inputs), part.targets).sum();
   }
   if (step + 1 == config_.debug_nan_at_step && rank_ == 0) local_sum = local_sum * std::nan("");
   {
     memory::set_phase("backward");
     trace::Span span("backward", trace::category::compute);
+    const trace::DeviceSpan on_device("backward", trace::category::device_compute, "cuda compute",
+                                      trace::current_stream_of(device_));
     // See Note [global batch loss].
     (local_sum * (static_cast<double>(dp_size_) / static_cast<double>(config_.batch_size))).backward();
   }
