@@ -510,7 +510,8 @@ def overlap_section(runs, rows_out):
     for run in chosen:
         m = run.get("metrics") or {}
         overlap, exposed = overlap_cells(run)
-        extra = " ".join(a for a in run["args"] if "stream" in a) or "–"
+        extra = " ".join(f"{a} {arg_value(run['args'], a, '')}".strip() for a in run["args"]
+                         if a.startswith("--") and "stream" in a) or "–"
         rows.append([run["name"], arg_value(run["args"], "--strategy", "?"), status_cell(run),
                      fmt(m.get("step_time_s") and m["step_time_s"] * 1e3, "%.1f"), fmt(m.get("tokens_per_s"), "%.0f"),
                      overlap, exposed, device_overlap_cell(run), gib(m.get("cuda_allocated_peak_bytes")), extra])
