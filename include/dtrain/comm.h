@@ -25,6 +25,10 @@
 #include <string>
 #include <vector>
 
+namespace c10 {
+struct Event;
+}
+
 namespace dtrain {
 
 enum class ReduceOp { Sum, Avg, Max, Min };
@@ -42,6 +46,12 @@ class Work {
   // Blocks until the operation finished; rethrows its error (CommError).
   virtual void wait() = 0;
   virtual bool is_completed() const = 0;
+  // An operation on CUDA tensors: an event on its issuer's stream, recorded
+  // right after that stream was made to wait for the results, so a stream
+  // that blocks on it waits for this operation only, not for work queued
+  // behind it (Note [communication streams] in src/common/comm_stream.h).
+  // Recorded once wait() has returned; null for host tensors.
+  virtual std::shared_ptr<const c10::Event> completion_event() const { return nullptr; }
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -45,8 +45,10 @@
 //                       all-reduce"): the trainer's forward, backward and
 //                       optimizer step on the compute stream; every
 //                       collective FSDP and DDP issue on a communication
-//                       stream (Note [communication streams]), from its
-//                       copy-in to its result; and "wait" where the compute
+//                       stream (Note [communication streams]), timed by the
+//                       communicator from where its stream reaches it to its
+//                       result, with the unit or bucket label; and "wait"
+//                       where the compute
 //                       stream stalls for a communication stream. The
 //                       summary's device overlap is read from these.
 //   instants:           "bucket_ready" (DDP: a gradient bucket is launched).

@@ -4,7 +4,11 @@
 #include "comm/communicator_impl.h"
 #include "comm/debug_check.h"
 
+#include "common/device_spans.h"
+#include "comm/work.h"
+
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -127,12 +131,25 @@ void finish_reduction(torch::Tensor& result, ReduceOp op, int world, torch::Tens
 // runs it (Note [issue order]): CUDA work goes on the issuing thread's current
 // stream, and communication is never recorded by autograd (grad mode is
 // thread-local, and in-place writes into leaves that require grad would throw).
+// On CUDA tensors, once the operation has made that stream wait for its
+// results, an event is recorded there (Work::completion_event), and where
+// the issuer asked for it (a CommStream's scope: trace::current_device_lane)
+// the operation is timed on the device as well.
 struct IssuerContext {
   std::optional<c10::Stream> stream;
+  std::shared_ptr<c10::Event> done;
+  const char* op = nullptr;
+  const char* device_lane = nullptr;
+  trace::LabelValue label;
 
-  static IssuerContext capture(const torch::Tensor& t) {
+  static IssuerContext capture(const torch::Tensor& t, const char* op = nullptr) {
     IssuerContext context;
-    if (t.defined() && t.is_cuda()) context.stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device());
+    if (!t.defined() || !t.is_cuda()) return context;
+    context.stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device());
+    context.done = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
+    context.op = op;
+    context.device_lane = op ? trace::current_device_lane() : nullptr;
+    context.label = trace::current_label();
     return context;
   }
   template <typename Fn>
@@ -140,7 +157,20 @@ struct IssuerContext {
     at::NoGradGuard no_grad;
     std::optional<c10::StreamGuard> on_stream;
     if (stream) on_stream.emplace(*stream);
+    trace::DeviceSpan on_device;
+    if (device_lane) {
+      on_device = trace::DeviceSpan(op, trace::category::device_comm, device_lane, *stream);
+      if (label.key) on_device.add({label.key, label.number});
+      if (label.name) on_device.add({"name", label.name});
+    }
     fn();
+    on_device.end();
+    if (done) done->record(*stream);
+  }
+  // Hands the completion event to the operation's handle.
+  void attach_to(const WorkPtr& work) const {
+    if (!done) return;
+    if (auto* state = dynamic_cast<WorkState*>(work.get())) state->set_completion_event(done);
   }
 };
 
@@ -158,8 +188,9 @@ struct CallerWaits {
 WorkPtr enqueue_collective(Communicator::Impl* impl, const OpSignature& sig, const torch::Tensor& sample,
                            std::function<void(Backend&)> fn) {
   auto issue = t_caller_waits ? &CommThread::run_or_enqueue : &CommThread::enqueue;
-  return (impl->thread.get()->*issue)([sig](uint64_t seq) { return describe(sig, seq); },
-                               [impl, sig, context = IssuerContext::capture(sample), fn = std::move(fn)](uint64_t) {
+  const IssuerContext issuer = IssuerContext::capture(sample, to_string(sig.kind));
+  auto work = (impl->thread.get()->*issue)([sig](uint64_t seq) { return describe(sig, seq); },
+                               [impl, sig, context = issuer, fn = std::move(fn)](uint64_t) {
                                  context.run([&] {
                                    // Executions are serialised (Note [issue order]): a plain counter.
                                    if (impl->debug)
@@ -169,6 +200,8 @@ WorkPtr enqueue_collective(Communicator::Impl* impl, const OpSignature& sig, con
                                  });
                                },
                                {to_string(sig.kind), sig.count * static_cast<int64_t>(c10::elementSize(sig.dtype))});
+  issuer.attach_to(work);
+  return work;
 }
 
 }  // namespace

@@ -29,12 +29,18 @@ class WorkState final : public Work {
   void mark_done();
   void mark_failed(std::exception_ptr error);
 
+  // Set by the issuer before the handle is returned; recorded by the thread
+  // that runs the operation, before mark_done().
+  void set_completion_event(std::shared_ptr<const c10::Event> event) { completion_event_ = std::move(event); }
+  std::shared_ptr<const c10::Event> completion_event() const override { return completion_event_; }
+
  private:
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
   std::exception_ptr error_;
   std::function<void()> waiter_help_;
+  std::shared_ptr<const c10::Event> completion_event_;
   const char* trace_op_ = "operation";
   trace::LabelValue trace_label_;
 };

@@ -3,6 +3,8 @@
 
 #include "common/device_spans.h"
 
+#include <dtrain/comm.h>
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -27,7 +29,7 @@ void record_on(const at::Tensor& t, const c10::Stream& stream) {
 
 }  // namespace
 
-CommStream::CommStream(const std::optional<c10::Device>& device, bool enabled) {
+CommStream::CommStream(const std::optional<c10::Device>& device, bool enabled, const char* lane) : lane_(lane) {
   if (!enabled || !device || !device->is_cuda()) return;
   // A device of its own index: the pool's streams belong to one device.
   const c10::Device on(c10::DeviceType::CUDA, device->has_index() ? device->index() : cuda().getDevice().index());
@@ -40,12 +42,17 @@ void CommStream::wait_for_current() const {
   if (active()) order(*stream_, current());
 }
 
-void CommStream::current_waits() const {
+void CommStream::current_waits(const Work* work) const {
   if (!active()) return;
   const c10::Stream compute = current();
   // How long the compute stream stalls here: the communication it could not hide.
   const trace::DeviceSpan stall("wait", trace::category::device_wait, "cuda compute", compute);
-  order(compute, *stream_);
+  const auto done = work ? work->completion_event() : nullptr;
+  if (done) {
+    done->block(compute);
+  } else {
+    order(compute, *stream_);
+  }
 }
 
 void CommStream::used_on_current(const at::Tensor& t) const {

@@ -18,9 +18,15 @@
 //   far: the inputs' last writes (an optimizer step, a gradient);
 // - Scope: the operation is issued, and the copies into and out of its
 //   buffers are queued, with the communication stream current;
-// - current_waits(): where the result is consumed, after the operation's
-//   Work::wait() (so that the communicator thread has queued it), the compute
-//   stream waits for the communication stream.
+// - current_waits(work): where the result is consumed, after the
+//   operation's Work::wait() (so that the communicator thread has queued it),
+//   the compute stream waits for that operation's completion event
+//   (Work::completion_event), not for the stream's end: by then the stream
+//   may already hold the next unit's prefetched gather, which the compute
+//   stream must not wait for. Work the issuer queues on the stream after the
+//   operation (decoding a compressed gather) is done on the compute stream
+//   instead, after this wait. current_waits() without an operation waits for
+//   all the stream has queued (DDP, once every bucket is in).
 // Memory: the caching allocator reuses a freed block at once for the stream
 // it was allocated on. A tensor allocated on one of the two streams and used
 // on the other is recorded on that other stream (record_stream) before it is
@@ -29,10 +35,14 @@
 // parameters) need no record: the communication stream waited for the
 // compute stream before writing, and the compute stream waits for it before
 // it uses, and then frees, them.
+// Collectives issued in a CommStream's scope are timed on the device, on the
+// track named by the stream's lane (Note [device spans]).
 // A CommStream is active only for a CUDA device and when asked for
 // (FSDPOptions/DDPOptions::comm_streams); inactive, every call does nothing
 // and collectives are issued from whatever stream is current, as before.
 #pragma once
+
+#include "common/device_spans.h"
 
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
@@ -44,14 +54,19 @@ namespace at {
 class Tensor;
 }
 
+namespace dtrain {
+class Work;
+}
+
 namespace dtrain::detail {
 
 class CommStream {
  public:
   CommStream() = default;  // inactive
   // A stream from the device's pool when `device` is a CUDA device and
-  // `enabled`; inactive otherwise.
-  CommStream(const std::optional<c10::Device>& device, bool enabled);
+  // `enabled`; inactive otherwise. `lane`: the trace track of its
+  // collectives (a literal, "cuda all-gather").
+  CommStream(const std::optional<c10::Device>& device, bool enabled, const char* lane);
 
   bool active() const { return stream_.has_value(); }
   const c10::Stream& stream() const { return *stream_; }
@@ -60,8 +75,10 @@ class CommStream {
 
   // This stream waits for what the current stream has queued so far.
   void wait_for_current() const;
-  // The current stream waits for what this stream has queued so far.
-  void current_waits() const;
+  // The current stream waits for `work` (issued in this stream's scope) to
+  // have finished; without it (or for host tensors), for all this stream has
+  // queued so far.
+  void current_waits(const Work* work = nullptr) const;
   // `t` (allocated on this stream) is also used on the current stream.
   void used_on_current(const at::Tensor& t) const;
   // `t` (allocated on the current stream) is also used on this stream.
@@ -72,15 +89,19 @@ class CommStream {
   class Scope {
    public:
     explicit Scope(const CommStream& stream) {
-      if (stream.active()) guard_.emplace(stream.stream());
+      if (!stream.active()) return;
+      guard_.emplace(stream.stream());
+      lane_.emplace(stream.lane_);
     }
 
    private:
     std::optional<c10::StreamGuard> guard_;
+    std::optional<trace::DeviceLane> lane_;
   };
 
  private:
   std::optional<c10::Stream> stream_;
+  const char* lane_ = nullptr;
 };
 
 }  // namespace dtrain::detail

@@ -111,11 +111,27 @@ DeviceSpan::DeviceSpan() = default;
 DeviceSpan::DeviceSpan(DeviceSpan&&) noexcept = default;
 DeviceSpan& DeviceSpan::operator=(DeviceSpan&& other) noexcept {
   if (this != &other) {
-    end();
+    try {
+      end();
+    } catch (...) {
+      // A device error while tracing: lose the span; the run reports the error itself.
+    }
     pending_ = std::move(other.pending_);
   }
   return *this;
 }
+
+void DeviceSpan::add(const Arg& arg) {
+  if (pending_ && pending_->event.arg_count < kMaxArgs) pending_->event.args[pending_->event.arg_count++] = arg;
+}
+
+namespace {
+thread_local const char* t_device_lane = nullptr;
+}  // namespace
+
+DeviceLane::DeviceLane(const char* lane) : previous_(t_device_lane) { t_device_lane = lane; }
+DeviceLane::~DeviceLane() { t_device_lane = previous_; }
+const char* current_device_lane() { return t_device_lane; }
 
 DeviceSpan::~DeviceSpan() {
   try {

@@ -16,6 +16,10 @@
 // events, so durations keep the events' resolution (about 0.5 us) however long
 // the run; the start's error grows with the float milliseconds CUDA reports
 // (about 40 us after ten minutes).
+// Who records them: the trainer (forward, backward, optimizer step on the
+// compute stream), the Communicator (each CUDA collective issued in a
+// DeviceLane, which a CommStream's scope sets) and CommStream::current_waits
+// (the compute stream's stalls).
 // Off the GPU, or with tracing off, a DeviceSpan is inactive and costs one
 // check. Only the device type's own events are used (c10::Event), so this file
 // builds without the CUDA toolkit; it is only active where LibTorch has CUDA.
@@ -46,6 +50,8 @@ class DeviceSpan {
   ~DeviceSpan();
 
   bool active() const { return static_cast<bool>(pending_); }
+  // Adds an argument (ignored when inactive or when kMaxArgs are set).
+  void add(const Arg& arg);
   // Queues the end event on the stream the span began on; later calls do nothing.
   void end();
 
@@ -54,6 +60,23 @@ class DeviceSpan {
  private:
   std::unique_ptr<Pending> pending_;
 };
+
+// The track on which the communicator times the CUDA collectives this thread
+// issues (Communicator's IssuerContext); null: they are not timed. Set by a
+// CommStream's scope (src/common/comm_stream.h), so a collective is timed
+// where it runs on a stream of its own, and not where it would share the
+// compute stream's track with the compute it stalls. Nestable.
+class DeviceLane {
+ public:
+  explicit DeviceLane(const char* lane);
+  ~DeviceLane();
+  DeviceLane(const DeviceLane&) = delete;
+  DeviceLane& operator=(const DeviceLane&) = delete;
+
+ private:
+  const char* previous_;
+};
+const char* current_device_lane();
 
 // The current stream of `device` when it is a CUDA device, for DeviceSpan.
 // (Any other device: its type's default, which makes an inactive span.)

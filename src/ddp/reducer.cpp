@@ -49,7 +49,7 @@ Reducer::Reducer(std::vector<std::string> names, std::vector<torch::Tensor> para
       options_(options),
       hook_(options.comm_hook ? options.comm_hook : hooks::allreduce()),
       compute_copies_(compute_copies) {
-  if (!parameters_.empty()) stream_ = CommStream(parameters_.front().device(), options_.comm_streams);
+  if (!parameters_.empty()) stream_ = CommStream(parameters_.front().device(), options_.comm_streams, "cuda all-reduce");
   if (options_.mixed_precision) bucket_dtype_ = options_.mixed_precision->reduce_dtype;
   const auto order = reverse_registration_order(parameters_.size());
   buckets_ = build_buckets(
@@ -159,11 +159,7 @@ void Reducer::launch_complete_buckets() {
     trace::instant("bucket_ready", "ddp", {{"bucket", bucket.grads.index}});
     const trace::Label label("bucket", bucket.grads.index);
     stream_.wait_for_current();  // the bucket's gradients are written
-    const CommStream::Scope on_stream(stream_);
-    if (stream_.active() && next_bucket_ - 1 < bucket_spans_.size()) {
-      bucket_spans_[next_bucket_ - 1] = trace::DeviceSpan("all_reduce", trace::category::device_comm, "cuda all-reduce",
-                                                             stream_.stream(), {{"bucket", bucket.grads.index}});
-    }
+    const CommStream::Scope on_stream(stream_);  // the hook's collectives are timed on the device there
     HookContext context{*comm_, iteration_, 0};
     bucket.reduction = hook_->reduce(bucket.grads, context);
     bytes_this_step_ += context.bytes_sent;
@@ -228,13 +224,12 @@ void Reducer::finalize_backward() {
   {
     // A hook finishes (decompresses, divides) on the stream it began on.
     const CommStream::Scope on_stream(stream_);
-    for (size_t b = 0; b < buckets_.buckets.size(); ++b) {
-      auto& bucket = buckets_.buckets[b];
+    for (auto& bucket : buckets_.buckets) {
       bucket.reduction->wait();
       bucket.reduction.reset();
-      if (b < bucket_spans_.size()) bucket_spans_[b].end();
     }
   }
+  // Every bucket and its hook's finishing work: all the stream holds.
   stream_.current_waits();  // the averages are read on the compute stream from here on
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
 
@@ -302,8 +297,7 @@ void Reducer::reset_iteration() {
   if (!buckets_rebuilt_) arrival_order_.clear();
   next_bucket_ = 0;
   bytes_this_step_ = 0;
-  bucket_spans_.clear();
-  bucket_spans_.resize(buckets_.buckets.size());
+
   for (auto& bucket : buckets_.buckets) {
     bucket.missing = static_cast<int>(bucket.members.size());
     bucket.staged.assign(bucket.members.size(), torch::Tensor());

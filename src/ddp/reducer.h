@@ -41,7 +41,6 @@
 #include <dtrain/ddp.h>
 
 #include "common/comm_stream.h"
-#include "common/device_spans.h"
 #include "ddp/buckets.h"
 #include "ddp/compute_copies.h"
 
@@ -96,7 +95,6 @@ class Reducer {
   // Bucket all-reduces and their hooks' work run here on a CUDA device
   // (Note [communication streams]); inactive otherwise.
   CommStream stream_;
-  std::vector<trace::DeviceSpan> bucket_spans_;  // per bucket, while its reduction is in flight
   // The buckets' dtype: mixed precision's reduce_dtype; unset: each bucket's parameters'.
   std::optional<c10::ScalarType> bucket_dtype_;
   BucketSet buckets_;

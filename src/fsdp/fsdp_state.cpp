@@ -110,6 +110,7 @@ FSDPState::FSDPState(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FSDP
 }
 
 FSDPState::~FSDPState() {
+  for (auto& unit : units_) unit->settle_in_flight();
   remove_gradient_hooks();
   std::lock_guard<std::mutex> lock(g_registry_mutex);
   for (auto it = registry().begin(); it != registry().end();) {
@@ -230,8 +231,8 @@ void FSDPState::build_units(const std::vector<DeferredModule>& deferred) {
   for (const auto& unit : units_) {
     if (!device && unit->flat().shard().defined()) device = unit->flat().shard().device();
   }
-  gather_stream_ = CommStream(device, options_.comm_streams);
-  reduce_stream_ = CommStream(device, options_.comm_streams);
+  gather_stream_ = CommStream(device, options_.comm_streams, "cuda all-gather");
+  reduce_stream_ = CommStream(device, options_.comm_streams, "cuda reduce-scatter");
   for (auto& unit : units_) unit->use_streams({&gather_stream_, &reduce_stream_});
   // Before the registry knows the units: a constructor that throws leaves
   // no entry behind.

@@ -75,10 +75,6 @@ bool Unit::start_unshard() {
   const CommStream& stream = gather_stream();
   stream.wait_for_current();  // the shard's last update, and the buffer's last use
   const CommStream::Scope on_stream(stream);
-  if (stream.active()) {
-    gather_span_ = trace::DeviceSpan("all_gather", trace::category::device_comm, "cuda all-gather", stream.stream(),
-                                     {{"unit", index_}, {"name", trace_name_}});
-  }
   const trace::Label label("unit", index_, trace_name_);
   const int64_t group = groups_.shard->size();
   if (param_format_ == fsdp_rules::WireFormat::Plain) {
@@ -104,24 +100,25 @@ bool Unit::start_unshard() {
 
 void Unit::complete_gather() {
   if (!gather_work_) return;
-  gather_work_->wait();
-  gather_work_.reset();
+  const WorkPtr work = std::move(gather_work_);
+  work->wait();
   gather_source_ = torch::Tensor();
+  // The compute stream uses the full parameters after this gather, and not
+  // after a prefetch that may already be queued behind it on the gather stream.
   const CommStream& stream = gather_stream();
-  if (gathered_records_.defined()) {
-    const CommStream::Scope on_stream(stream);  // decoded where they arrived
-    torch::NoGradGuard no_grad;
-    const int64_t shard = flat_.shard_numel();
-    const int64_t bytes = gathered_records_.numel() / groups_.shard->size();
-    auto full = flat_.full_for_writing();
-    for (int r = 0; r < groups_.shard->size(); ++r) {
-      full.narrow(0, r * shard, shard)
-          .copy_(decode_record(param_format_, compression_.block_size, gathered_records_.narrow(0, r * bytes, bytes), shard));
-    }
-    gathered_records_ = torch::Tensor();
+  stream.current_waits(work.get());
+  if (!gathered_records_.defined()) return;
+  // Decoded on the compute stream, after that wait.
+  stream.used_on_current(gathered_records_);
+  torch::NoGradGuard no_grad;
+  const int64_t shard = flat_.shard_numel();
+  const int64_t bytes = gathered_records_.numel() / groups_.shard->size();
+  auto full = flat_.full_for_writing();
+  for (int r = 0; r < groups_.shard->size(); ++r) {
+    full.narrow(0, r * shard, shard)
+        .copy_(decode_record(param_format_, compression_.block_size, gathered_records_.narrow(0, r * bytes, bytes), shard));
   }
-  gather_span_.end();
-  stream.current_waits();  // the compute stream uses the full parameters after this
+  gathered_records_ = torch::Tensor();
 }
 
 void Unit::finish_unshard() {
@@ -173,13 +170,6 @@ void Unit::reduce_gradients(bool sync) {
   const CommStream& stream = sync ? reduce_stream() : kComputeStream;
   stream.wait_for_current();  // the gradients' last writes
   const CommStream::Scope on_stream(stream);
-  if (stream.active()) {
-    const char* op = fsdp_rules::reduces_in_place(options_.strategy)   ? "all_reduce"
-                     : grad_format_ == fsdp_rules::WireFormat::Plain ? "reduce_scatter"
-                                                                       : "all_to_all";
-    reduce_span_ = trace::DeviceSpan(op, trace::category::device_comm, "cuda reduce-scatter", stream.stream(),
-                                     {{"unit", index_}, {"name", trace_name_}});
-  }
   auto full = torch::zeros({flat_.padded_numel()}, flat_.shard().options().dtype(reduce_dtype));
   auto& entries = flat_.entries();
   for (auto& entry : entries) {
@@ -252,13 +242,25 @@ void Unit::complete_compressed_reduction() {
 
 void Unit::settle_reduction() {
   reduce_work_->wait();
+  // The compute stream reads the result after this reduction (and not after
+  // the next unit's, which may already be queued behind it).
   const CommStream& stream = reduce_stream();
-  {
-    const CommStream::Scope on_stream(stream);  // decoded where they arrived
-    complete_compressed_reduction();
+  stream.current_waits(reduce_work_.get());
+  // Compressed: the records are summed on the compute stream, after that wait.
+  stream.used_on_current(gradient_records_);
+  complete_compressed_reduction();
+}
+
+void Unit::settle_in_flight() noexcept {
+  // Only where the collectives run on streams of their own: on the host
+  // nothing is left for a stream to write into a buffer about to be freed.
+  if (!gather_stream().active() && !reduce_stream().active()) return;
+  try {
+    complete_gather();
+    if (reduce_work_) settle_reduction();
+  } catch (...) {
+    // The operation failed; its error was (or will be) reported where it was waited for.
   }
-  reduce_span_.end();
-  stream.current_waits();  // the compute stream reads the result after this
 }
 
 void Unit::wait_reduction() {

@@ -31,7 +31,6 @@
 #pragma once
 
 #include "common/comm_stream.h"
-#include "common/device_spans.h"
 #include "fsdp/flat_parameter.h"
 #include "fsdp/schedule_rules.h"
 
@@ -119,6 +118,10 @@ class Unit {
 
   // Issue collectives from these streams from now on (before the first step).
   void use_streams(UnitStreams streams) { streams_ = streams; }
+  // Before the unit goes (FSDPState's destructor, possibly after an error
+  // mid-step): the compute stream waits for any gather or reduction still in
+  // flight, so that no buffer is freed and reused while one writes into it.
+  void settle_in_flight() noexcept;
 
   // Where the unit counts the bytes it hands to collectives (FSDPState's
   // running step); nullptr: not counted.
@@ -165,8 +168,6 @@ class Unit {
   UnitStreams streams_;
   const CommStream& gather_stream() const;
   const CommStream& reduce_stream() const;
-  trace::DeviceSpan gather_span_;  // on the gather stream, while a gather is in flight
-  trace::DeviceSpan reduce_span_;  // on the reduce stream, while a reduction is in flight
 
   WorkPtr gather_work_;
   torch::Tensor gather_source_;  // the shard in compute dtype (or its record), alive while gathering

@@ -165,7 +165,7 @@ TEST_F(CudaCollectives, EveryOperationOrdersOnTheIssuersStream) {
 TEST_F(CudaCollectives, CommStreamOrdersAgainstTheComputeStream) {
   const int n = g_world->size();
   const int me = g_world->rank();
-  dtrain::detail::CommStream comm(device(), /*enabled=*/true);
+  dtrain::detail::CommStream comm(device(), /*enabled=*/true, "cuda test");
   ASSERT_TRUE(comm.active());
   ASSERT_NE(comm.stream(), comm.current());
   SlowStream slow(device());
@@ -180,9 +180,17 @@ TEST_F(CudaCollectives, CommStreamOrdersAgainstTheComputeStream) {
     const dtrain::detail::CommStream::Scope on_comm(comm);
     work = g_world->all_gather(shard, full);
   }
+  // Behind the gather, more work on the communication stream that the
+  // compute stream must not wait for: waiting for the gather alone suffices.
+  {
+    const dtrain::detail::CommStream::Scope on_comm(comm);
+    SlowStream(device()).delay();
+  }
   work->wait();
-  comm.current_waits();
+  ASSERT_NE(work->completion_event(), nullptr) << "a CUDA operation's handle carries its completion event";
+  comm.current_waits(work.get());
   EXPECT_TRUE(torch::equal((full * 1).cpu(), everything));
+  comm.current_waits();  // and everything the stream holds
 }
 
 // Note [device spans]: a span around slow kernels lands, once flushed, on
