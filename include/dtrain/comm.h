@@ -49,7 +49,7 @@ class Work {
   // An operation on CUDA tensors: an event on its issuer's stream, recorded
   // right after that stream was made to wait for the results, so a stream
   // that blocks on it waits for this operation only, not for work queued
-  // behind it (Note [communication streams] in src/common/comm_stream.h).
+  // behind it (Note [communication streams] in src/comm/comm_stream.h).
   // Recorded once wait() has returned; null for host tensors.
   virtual std::shared_ptr<const c10::Event> completion_event() const { return nullptr; }
 };

@@ -72,7 +72,7 @@ struct DDPOptions {
   std::optional<MixedPrecision> mixed_precision{};
   // On a CUDA device: bucket all-reduces (and the comm hook's work) on a
   // stream of their own, ordered against the compute stream by events (Note
-  // [communication streams] in src/common/comm_stream.h). false: issued from
+  // [communication streams] in src/comm/comm_stream.h). false: issued from
   // the compute stream. No effect on the CPU.
   bool comm_streams = true;
 };

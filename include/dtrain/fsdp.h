@@ -85,7 +85,7 @@ struct FSDPOptions {
   // On a CUDA device: all-gathers on one stream of their own and gradient
   // reductions on another, ordered against the compute stream by events, so
   // a prefetched gather runs while the current unit computes (Note
-  // [communication streams] in src/common/comm_stream.h). false: every
+  // [communication streams] in src/comm/comm_stream.h). false: every
   // collective is issued from the compute stream. No effect on the CPU.
   bool comm_streams = true;
   // When > 0 (and some prefetch is on): after two warm-up steps, training

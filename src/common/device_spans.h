@@ -63,7 +63,7 @@ class DeviceSpan {
 
 // The track on which the communicator times the CUDA collectives this thread
 // issues (Communicator's IssuerContext); null: they are not timed. Set by a
-// CommStream's scope (src/common/comm_stream.h), so a collective is timed
+// CommStream's scope (src/comm/comm_stream.h), so a collective is timed
 // where it runs on a stream of its own, and not where it would share the
 // compute stream's track with the compute it stalls. Nestable.
 class DeviceLane {

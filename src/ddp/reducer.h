@@ -40,7 +40,7 @@
 #include <dtrain/comm_hooks.h>
 #include <dtrain/ddp.h>
 
-#include "common/comm_stream.h"
+#include "comm/comm_stream.h"
 #include "ddp/buckets.h"
 #include "ddp/compute_copies.h"
 

@@ -30,7 +30,7 @@
 //   prefetch decisions depend only on that order, never on timing.
 #pragma once
 
-#include "common/comm_stream.h"
+#include "comm/comm_stream.h"
 #include "fsdp/flat_parameter.h"
 #include "fsdp/schedule_rules.h"
 

@@ -6,7 +6,7 @@
 #include <dtrain/comm.h>
 
 #include "../common/skip_exit_code.h"
-#include "common/comm_stream.h"
+#include "comm/comm_stream.h"
 #include "common/device_spans.h"
 #include "common/trace_recorder.h"
 

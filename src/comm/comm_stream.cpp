@@ -1,5 +1,5 @@
-// Communication streams (src/common/comm_stream.h, Note [communication streams]).
-#include "common/comm_stream.h"
+// Communication streams (src/comm/comm_stream.h, Note [communication streams]).
+#include "comm/comm_stream.h"
 
 #include "common/device_spans.h"
 
