@@ -157,10 +157,7 @@ Resolved resolve(const PlanFlags& f) {
   }
   if (f.activation_checkpointing == "on") {  // as dtrain train refuses what it does not run
     const std::string flag = "--activation-checkpointing on";
-    if (strategy_info(f.strategy).engine != StrategyEngine::FSDP)
-      throw std::invalid_argument(flag + " recomputes each FSDP unit's forward in its backward: it needs --strategy " +
-                                  strategy_list([](const StrategyInfo& s) { return s.engine == StrategyEngine::FSDP; }) +
-                                  ", not " + f.strategy);
+    require_fsdp_engine(f.strategy, kActivationCheckpointingNeedsFsdp);
     if (!gpt)
       throw std::invalid_argument(flag + " recomputes the transformer blocks (the FSDP units) in their backward: it "
                                   "needs --model gpt; --model " + f.model +

@@ -68,6 +68,12 @@ const CLI::Validator kFraction(
 // Flags whose default depends on --model or --optimizer (see resolve_defaults).
 constexpr const char* kModelDefaults = "(default: 128 for mlp and cnn, 32 for gpt)";
 
+// A flag that takes on | off into `target`.
+void add_on_off(CLI::Option_group* group, const std::string& flag, bool& target, const std::string& help) {
+  group->add_option_function<std::string>(flag, [&target](const std::string& value) { target = value == "on"; }, help)
+      ->check(CLI::IsMember({"on", "off"}));
+}
+
 void declare_flags(CLI::App& app, TrainFlags& f) {
   TrainConfig& c = f.config;
   // A flag given twice takes its last value, so scripts can append overrides.
@@ -132,15 +138,11 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
                      "cpu | cuda (rank r on GPU LOCAL_RANK; collectives on CUDA tensors through NCCL, or Gloo when "
                      "ranks share a GPU) | auto (cuda when there is a GPU)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))->capture_default_str();
-  device->add_option_function<std::string>(
-            "--tf32", [&c](const std::string& value) { c.tf32 = value == "on"; },
-            "cuda: fp32 matmuls and convolutions on TF32 tensor cores: on (default) | off (full fp32)")
-      ->check(CLI::IsMember({"on", "off"}));
-  device->add_option_function<std::string>(
-            "--comm-streams", [&c](const std::string& value) { c.comm_streams = value == "on"; },
-            "cuda: FSDP's and DDP's collectives on CUDA streams of their own, overlapping compute: on (default) | "
-            "off (on the compute stream)")
-      ->check(CLI::IsMember({"on", "off"}));
+  add_on_off(device, "--tf32", c.tf32,
+             "cuda: fp32 matmuls and convolutions on TF32 tensor cores: on (default) | off (full fp32)");
+  add_on_off(device, "--comm-streams", c.comm_streams,
+             "cuda: FSDP's and DDP's collectives on CUDA streams of their own, overlapping compute: on (default) | "
+             "off (on the compute stream)");
   device->add_option("--peak-tflops", c.peak_tflops,
                      "The device's peak TFLOP/s for the compute dtype, MFU's denominator (default: measured once per "
                      "machine by a GEMM probe and cached)")
@@ -219,12 +221,10 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
                        "zero1/zero2/fsdp/hsdp: prefetch the next unit's all-gather: on | off | auto (time both "
                        "in the first steps, keep the faster)")
       ->check(CLI::IsMember({"on", "off", "auto"}))->capture_default_str();
-  parallel->add_option_function<std::string>(
-               "--activation-checkpointing", [&c](const std::string& value) { c.activation_checkpointing = value == "on"; },
-               "zero1/zero2/fsdp/hsdp with gpt, gpt2 or llama: on (keep only each block's input from forward to "
-               "backward and recompute the block in its backward: less memory, one more forward of the blocks per "
-               "step) | off (default)")
-      ->check(CLI::IsMember({"on", "off"}));
+  add_on_off(parallel, "--activation-checkpointing", c.activation_checkpointing,
+             "zero1/zero2/fsdp/hsdp with gpt, gpt2 or llama: on (keep only each block's input from forward to "
+             "backward and recompute the block in its backward: less memory, one more forward of the blocks per "
+             "step) | off (default)");
   // Parameter server and stragglers (issue 7; src/train/ps_training.h, src/train/stragglers.h).
   parallel->add_option("--servers", c.servers, "ps-*: the last S ranks are servers, the others workers")
       ->capture_default_str();

@@ -69,4 +69,12 @@ const StrategyInfo& strategy_of(Sharding sharding);
 // "single, ddp, zero1, ..." (the rows for which `keep` is true; all by default).
 std::string strategy_list(bool (*keep)(const StrategyInfo&) = nullptr);
 
+// For a flag only the FSDP engine acts on: throws std::invalid_argument
+// "<what>: it needs --strategy zero1, zero2, fsdp, hsdp, not <strategy>"
+// unless `strategy` runs on that engine (dtrain train and dtrain plan alike).
+void require_fsdp_engine(const std::string& strategy, const std::string& what);
+// What --activation-checkpointing on with another engine is refused for.
+inline constexpr const char* kActivationCheckpointingNeedsFsdp =
+    "--activation-checkpointing on recomputes each FSDP unit's forward in its backward";
+
 }  // namespace dtrain

@@ -46,7 +46,7 @@ void CommStream::current_waits(const Work* work) const {
   if (!active()) return;
   const c10::Stream compute = current();
   // How long the compute stream stalls here: the communication it could not hide.
-  const trace::DeviceSpan stall("wait", trace::category::device_wait, "cuda compute", compute);
+  const trace::DeviceSpan stall("wait", trace::category::device_wait, trace::kComputeLane, compute);
   const auto done = work ? work->completion_event() : nullptr;
   if (done) {
     done->block(compute);

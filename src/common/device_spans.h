@@ -34,6 +34,10 @@
 
 namespace dtrain::trace {
 
+// The compute stream's track: the trainer's forward, backward and optimizer
+// step, and the stalls CommStream::current_waits records.
+inline constexpr const char* kComputeLane = "cuda compute";
+
 class DeviceSpan {
  public:
   DeviceSpan();

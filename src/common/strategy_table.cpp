@@ -76,4 +76,11 @@ std::string strategy_list(bool (*keep)(const StrategyInfo&)) {
   return text;
 }
 
+void require_fsdp_engine(const std::string& strategy, const std::string& what) {
+  if (strategy_info(strategy).engine == StrategyEngine::FSDP) return;
+  throw std::invalid_argument(what + ": it needs --strategy " +
+                              strategy_list([](const StrategyInfo& r) { return r.engine == StrategyEngine::FSDP; }) +
+                              ", not " + strategy);
+}
+
 }  // namespace dtrain

@@ -297,7 +297,6 @@ void Reducer::reset_iteration() {
   if (!buckets_rebuilt_) arrival_order_.clear();
   next_bucket_ = 0;
   bytes_this_step_ = 0;
-
   for (auto& bucket : buckets_.buckets) {
     bucket.missing = static_cast<int>(bucket.members.size());
     bucket.staged.assign(bucket.members.size(), torch::Tensor());

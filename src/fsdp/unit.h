@@ -161,8 +161,9 @@ class Unit {
   void complete_gather();
   // After the all-to-all: sums the received records in fp32 into shard_gradient_.
   void complete_compressed_reduction();
-  // Waits for the reduction, finishes it on the reduce stream and makes the
-  // compute stream wait for it; again after the first time: nothing new.
+  // Waits for the reduction, makes the compute stream wait for it (for it
+  // alone) and, when compressed, sums the records there; again after the
+  // first time: nothing new.
   void settle_reduction();
 
   UnitStreams streams_;

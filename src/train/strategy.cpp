@@ -287,18 +287,13 @@ void check_strategy(const StrategyOptions& options, int world_size) {
     throw std::invalid_argument("--fsdp-prefetch '" + options.fsdp_prefetch + "' is not one of on, off, auto");
   // "auto" is the default for every strategy; an explicit on/off asks for
   // something only the FSDP engine does.
-  if (options.fsdp_prefetch != "auto" && row.engine != StrategyEngine::FSDP)
-    throw std::invalid_argument("--fsdp-prefetch " + options.fsdp_prefetch +
-                                " sets the FSDP engine's all-gather prefetch: it needs --strategy " +
-                                strategy_list([](const StrategyInfo& r) { return r.engine == StrategyEngine::FSDP; }) +
-                                ", not " + options.name);
+  if (options.fsdp_prefetch != "auto")
+    require_fsdp_engine(options.name, "--fsdp-prefetch " + options.fsdp_prefetch +
+                                          " sets the FSDP engine's all-gather prefetch");
   // The FSDP engine recomputes its units in their backward; DDP and the
   // parameter server have no such hook.
-  if (options.activation_checkpointing && row.engine != StrategyEngine::FSDP)
-    throw std::invalid_argument("--activation-checkpointing on recomputes each FSDP unit's forward in its backward: it "
-                                "needs --strategy " +
-                                strategy_list([](const StrategyInfo& r) { return r.engine == StrategyEngine::FSDP; }) +
-                                ", not " + options.name);
+  if (options.activation_checkpointing)
+    require_fsdp_engine(options.name, kActivationCheckpointingNeedsFsdp);
   const auto fsdp_compress = parse_collective_compression(options.fsdp_compress);  // throws naming the flag
   if (fsdp_compress != CollectiveCompression{}) {
     if (!row.fsdp_compression)

@@ -313,7 +313,7 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   if (!outcome.skipped) {
     memory::set_phase("optimizer step");
     trace::Span span("optimizer_step", trace::category::compute);
-    const trace::DeviceSpan on_device("optimizer_step", trace::category::device_compute, "cuda compute",
+    const trace::DeviceSpan on_device("optimizer_step", trace::category::device_compute, trace::kComputeLane,
                                       trace::current_stream_of(device_));
     strategy_->optimizer_step(*optimizer_);
   }
@@ -348,7 +348,7 @@ double DataParallelRun::forward_and_backward(int64_t step, const data::Batch& pa
   {
     memory::set_phase("forward", step_advice_);
     trace::Span span("forward", trace::category::compute);
-    const trace::DeviceSpan on_device("forward", trace::category::device_compute, "cuda compute",
+    const trace::DeviceSpan on_device("forward", trace::category::device_compute, trace::kComputeLane,
                                       trace::current_stream_of(device_));
     local_sum = model_.loss(strategy_->forward(part.inputs), part.targets).sum();
   }
@@ -356,7 +356,7 @@ double DataParallelRun::forward_and_backward(int64_t step, const data::Batch& pa
   {
     memory::set_phase("backward");
     trace::Span span("backward", trace::category::compute);
-    const trace::DeviceSpan on_device("backward", trace::category::device_compute, "cuda compute",
+    const trace::DeviceSpan on_device("backward", trace::category::device_compute, trace::kComputeLane,
                                       trace::current_stream_of(device_));
     // See Note [global batch loss].
     (local_sum * (static_cast<double>(dp_size_) / static_cast<double>(config_.batch_size))).backward();
