@@ -408,6 +408,7 @@ torch::Tensor FSDPState::forward_root(const std::function<torch::Tensor()>& forw
   prefetching_ = c10::GradMode::is_enabled() ? tuner_.begin_training_forward(*comm_) : tuner_.current();
   in_root_forward_ = true;
   this_forward_.clear();
+  failed_in_unit_ = nullptr;
   Unit& root = *units_[0];
   root.begin_forward();
   if (root.start_unshard()) ++inflight_gathers_;
@@ -425,7 +426,11 @@ torch::Tensor FSDPState::forward_root(const std::function<torch::Tensor()>& forw
         skipped += (skipped.empty() ? "" : ", ") + units_[i]->display_name();
       }
     }
-    if (skipped.empty()) throw;
+    // A unit entered through FSDP raised it: its own code failed (a bad
+    // input, a kernel's refusal), not a call that went around FSDP. Nor is a
+    // broken invariant of the caller's (std::logic_error, e.g. the trainer's
+    // refusal of an empty batch) a wrapping problem.
+    if (skipped.empty() || failed_in_unit_ != nullptr || dynamic_cast<const std::logic_error*>(&error)) throw;
     throw std::runtime_error("FSDP: the forward failed: " + first_line(error.what()) +
                              "\nThese units were not entered through FSDP in this forward: " + skipped +
                              ". A unit's parameters are full-size only inside its call: hold the module as "
@@ -478,7 +483,13 @@ torch::Tensor FSDPState::forward_unit(Unit& unit, const std::function<torch::Ten
 
   const auto unit_input = to_compute_dtype(input);
   const bool checkpoint = options_.activation_checkpointing && torch::GradMode::is_enabled();
-  auto output = checkpoint ? checkpointed_forward(forward, unit_input) : forward(unit_input);
+  torch::Tensor output;
+  try {
+    output = checkpoint ? checkpointed_forward(forward, unit_input) : forward(unit_input);
+  } catch (...) {
+    if (failed_in_unit_ == nullptr) failed_in_unit_ = &unit;  // the innermost unit sees it first
+    throw;
+  }
   unit.end_forward();
   hook_outputs(unit, output);
   if (reshard_after_forward(unit)) unit.reshard(/*free_full=*/true);

@@ -101,6 +101,9 @@ class FSDPState {
   std::vector<Unit*> forward_order_;       // recorded in the first forward
   bool order_recorded_ = false;
   std::vector<Unit*> this_forward_;
+  // The innermost unit entered through FSDP whose forward raised, if any: the
+  // root's "units not entered" hint is for failures outside every entered unit.
+  Unit* failed_in_unit_ = nullptr;
   // This step's backward: reduce as units complete, or (ranks' graphs
   // differ) all at the end in unit order. Note [reduction order].
   bool eager_reductions_ = true;

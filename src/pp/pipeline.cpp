@@ -172,18 +172,28 @@ double Pipeline::evaluate(const StageForward& forward, const StageLoss& loss, co
   for (int64_t m = 0; m < M; ++m) {
     // Empty microbatches run too (without messages: every stage knows the
     // size), so that the ranks of a data-parallel group, whose parts may
-    // differ by a sample, run the same number of forwards.
+    // differ by a sample, run the same number of forwards and so issue the
+    // same collectives. They run on a one-sample stand-in of zeros whose
+    // output is dropped: a model never sees an empty batch, which CUDA
+    // kernels may refuse (Note [no empty batches], src/train/model.cpp).
     const int64_t size = batch / M + (m < batch % M ? 1 : 0);
-    torch::Tensor input = inputs.narrow(0, begin, size);
-    if (!first) {
-      activation_shape.at(0) = size;
+    torch::Tensor input;
+    if (first) {
+      input = size > 0 ? inputs.narrow(0, begin, size) : torch::zeros({1, inputs.size(1)}, inputs.options());
+    } else {
+      activation_shape.at(0) = std::max<int64_t>(size, 1);
       input = torch::empty(activation_shape, torch::TensorOptions().dtype(dtype));
-      if (size > 0) forward_channel_->recv(input, s - 1, static_cast<int>(m))->wait();
+      if (size > 0) {
+        forward_channel_->recv(input, s - 1, static_cast<int>(m))->wait();
+      } else {
+        input.zero_();
+      }
     }
     const torch::Tensor output = forward(input);
+    if (size == 0) continue;
     if (last) {
       sum += loss(output, targets.narrow(0, begin, size)).item<double>();
-    } else if (size > 0) {
+    } else {
       sends.push_back(forward_channel_->send(output.contiguous(), s + 1, static_cast<int>(m)));
     }
     begin += size;

@@ -18,10 +18,28 @@ namespace dtrain::train {
 namespace {
 
 // The module and its forward, for a model of any holder type.
+//
+// Note [no empty batches]
+// Every forward the trainer runs (training, evaluation, sampling, the
+// pipeline's microbatches, the parameter servers' workers) goes through
+// Model::forward, which refuses a batch of zero samples. CPU kernels accept
+// one and return empty tensors; CUDA's need not (on an H200, cuDNN attention
+// returned an undefined tensor for a [0, T] batch and the next op failed), so
+// such a call would pass every CPU test and fail only on a GPU. Callers that
+// have nothing to run skip the call (sampling with --samples 0) or run a
+// one-sample stand-in whose result they drop (Pipeline::evaluate's empty
+// microbatches, which must still issue the engines' collectives).
 template <class Holder>
 void set_module(Model& model, Holder module) {
   model.module = module.ptr();
-  model.forward = [module](const torch::Tensor& x) mutable { return module->forward(x); };
+  model.forward = [module](const torch::Tensor& x) mutable {
+    if (x.dim() > 0 && x.size(0) == 0)
+      throw std::logic_error("internal error: dtrain ran the model on an empty batch (shape " +
+                             c10::str(x.sizes()) +
+                             "); CPU kernels accept one, CUDA's may not. Note [no empty batches] in "
+                             "src/train/model.cpp says which caller should have skipped it.");
+    return module->forward(x);
+  };
 }
 
 // A model split across `tp_group` (TPGPT, TPGPTStage): the vocabulary-parallel

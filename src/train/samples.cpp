@@ -11,6 +11,7 @@ namespace dtrain::train {
 
 std::vector<std::string> generate_samples(torch::nn::Module& model, int64_t seq_len, const SampleOptions& options,
                                           const std::function<torch::Tensor(const torch::Tensor&)>& forward) {
+  if (options.count <= 0) return {};  // no model call on an empty batch (Note [no empty batches])
   std::vector<int64_t> prompt(options.prompt.begin(), options.prompt.end());
   for (auto& byte : prompt) byte &= 0xff;  // chars may be signed
   if (options.tokenizer) prompt = options.tokenizer->encode(options.prompt);

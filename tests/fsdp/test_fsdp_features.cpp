@@ -252,6 +252,35 @@ TEST(Errors, AUnitCalledOutsideTheRootCallIsNamed) {
   EXPECT_EQ(fsdp(torch::randn({2, 8})).sizes(), (std::vector<int64_t>{2, 3})) << "through the wrapper it works";
 }
 
+// Two units entered through Sharded<>: the first one's own forward fails (the
+// input is too narrow), so the second is never reached. That is the unit's
+// error, not a call around FSDP: the hint about units "not entered" would
+// blame the user's wrapping for it (as it did for CUDA's empty-batch failure).
+struct TwoSharded : torch::nn::Module {
+  TwoSharded() {
+    register_module("first", first);
+    register_module("second", second);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return second(torch::relu(first(x))); }
+  dtrain::Sharded<torch::nn::Linear> first{torch::nn::LinearOptions(8, 6)};
+  dtrain::Sharded<torch::nn::Linear> second{torch::nn::LinearOptions(6, 3)};
+};
+
+TEST(Errors, AFailureInsideAnEnteredUnitIsNotBlamedOnWrapping) {
+  auto model = std::make_shared<TwoSharded>();
+  auto fsdp = dtrain::fully_shard(model, world_ptr());
+  std::string message;
+  try {
+    fsdp(torch::randn({2, 5}));
+  } catch (const std::exception& error) {
+    message = error.what();
+  }
+  EXPECT_FALSE(message.empty()) << "a [2, 5] input into Linear(8, 6) must fail";
+  EXPECT_EQ(message.find("not entered through FSDP"), std::string::npos) << message;
+  EXPECT_NE(message.find("shapes cannot be multiplied"), std::string::npos) << message;
+  EXPECT_EQ(fsdp(torch::randn({2, 8})).sizes(), (std::vector<int64_t>{2, 3})) << "the next forward works";
+}
+
 // Calling the root module itself skips gathering its own parameters: the
 // shards have the wrong shapes, so it fails (never a silent result).
 TEST(Errors, CallingTheRootDirectlyFails) {
