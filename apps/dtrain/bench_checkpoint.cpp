@@ -4,6 +4,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/fsdp.h"
 #include "dtrain/models.h"
+#include "common/file_tree.h"
 #include "common/timing.h"
 
 #include <CLI/CLI.hpp>
@@ -153,8 +154,7 @@ int bench_checkpoint_rank(const BenchCheckpointOptions& options) {
                                     {"single_process_load_s", single_s}};
       std::ofstream(options.json_path) << document.dump(2) << "\n";
     }
-    std::error_code ignored;
-    std::filesystem::remove_all(dir, ignored);
+    dtrain::detail::remove_tree(dir);  // Note [filesystem symbols from LibTorch]
   }
   world->blocking().barrier();
   return 0;

@@ -5,6 +5,7 @@
 #include "bench_ddp.h"
 #include "bench_fsdp.h"
 #include "checkpoint.h"
+#include "crash_report.h"
 #include "launch.h"
 #include "plan.h"
 #include "tokenize.h"
@@ -28,6 +29,7 @@ bool inside_launched_job() { return dtrain::backend_from_environment() != "self"
 }  // namespace
 
 int main(int argc, char** argv) {
+  dtrain::cli::report_fatal_signals();
   CLI::App app{"dtrain: distributed data-parallel training for LibTorch"};
   app.require_subcommand(1);
 

@@ -6,6 +6,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/rank_agreement.h"
 #include "checkpoint/save_protocol.h"
+#include "common/file_tree.h"
 
 #include <dtrain/checkpoint.h>
 #include <dtrain/fsdp.h>
@@ -110,6 +111,12 @@ namespace {
 
 using detail::RankFile;
 
+// Not std::filesystem::remove_all: Note [filesystem symbols from LibTorch].
+void remove_tree_or_throw(const fs::path& path) {
+  std::string error;
+  if (!detail::remove_tree(path.string(), &error)) throw std::runtime_error(error);
+}
+
 // Puts the finished `temporary` at `target`. Replacing an existing
 // checkpoint swaps the two directories in one atomic rename (Linux's
 // RENAME_EXCHANGE), so a crash at any moment leaves a complete checkpoint at
@@ -123,7 +130,7 @@ void replace_directory(const fs::path& temporary, const fs::path& target) {
     if (::renameat2(AT_FDCWD, temporary.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
       fsync_path(target.parent_path().string());
       detail::crash_point("after swapping the new checkpoint in, before removing the old one");
-      fs::remove_all(temporary);
+      remove_tree_or_throw(temporary);
       return;
     }
     if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
@@ -131,11 +138,11 @@ void replace_directory(const fs::path& temporary, const fs::path& target) {
                                std::strerror(errno));
     }
     const fs::path aside = target.string() + ".old-" + std::to_string(::getpid());
-    fs::remove_all(aside);
+    remove_tree_or_throw(aside);
     fs::rename(target, aside);
     fs::rename(temporary, target);
     fsync_path(target.parent_path().string());
-    fs::remove_all(aside);
+    remove_tree_or_throw(aside);
     return;
   }
   fs::rename(temporary, target);
@@ -162,7 +169,7 @@ void write_checkpoint(const SaveRequest& request, const RankFile& built, std::st
   if (request.rank == 0) {
     try {
       fs::create_directories(target.parent_path());
-      fs::remove_all(temporary);  // left over from an interrupted save
+      remove_tree_or_throw(temporary);  // left over from an interrupted save
       fs::create_directory(temporary);
     } catch (const std::exception& e) {
       error = "save_checkpoint: cannot create " + temporary.string() + ": " + e.what();
@@ -176,8 +183,7 @@ void write_checkpoint(const SaveRequest& request, const RankFile& built, std::st
     try {
       detail::agree_or_throw(comm, own_error);
     } catch (...) {
-      std::error_code ignored;
-      if (request.rank == 0) fs::remove_all(temporary, ignored);
+      if (request.rank == 0) detail::remove_tree(temporary.string());
       throw;
     }
   };

@@ -1,5 +1,7 @@
 #include "dtrain/data.h"
 
+#include "common/file_tree.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -61,9 +63,9 @@ TextCorpus read_text_corpus(const std::string& path) {
       throw std::runtime_error("text corpus " + path + " is not a text file: " + why);
     corpus.files.push_back(path);
   } else {
+    // Not std::filesystem's iterator: Note [filesystem symbols from LibTorch].
     std::vector<fs::path> paths;
-    for (const auto& entry : fs::recursive_directory_iterator(path, fs::directory_options::skip_permission_denied))
-      if (entry.is_regular_file()) paths.push_back(entry.path());  // follows symbolic links to files
+    for (const auto& file : detail::regular_files_under(path)) paths.emplace_back(file);  // links to files count
     // Sorted, so that the corpus (and every dataset index) is the same on every
     // machine whatever order the file system lists the folder in.
     std::sort(paths.begin(), paths.end());

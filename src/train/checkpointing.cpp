@@ -2,6 +2,7 @@
 
 #include "checkpoint/fault_injection.h"
 #include "checkpoint/rank_agreement.h"
+#include "common/file_tree.h"
 #include "dtrain/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -92,11 +93,12 @@ void prune_checkpoints(const std::string& dir, int64_t keep_last) {
       // Renamed out of the way first (one atomic step), then removed: a crash
       // half-way through leaves a .tmp- folder --resume ignores, never a
       // checkpoint with some of its files gone.
+      // (remove_tree, not std::filesystem::remove_all: Note [filesystem symbols from LibTorch].)
       const fs::path doomed = it->second.string() + ".tmp-prune";
-      fs::remove_all(doomed, error);
+      detail::remove_tree(doomed.string());
       fs::rename(it->second, doomed, error);
       detail::crash_point("while pruning, after renaming an old checkpoint aside");
-      fs::remove_all(error ? it->second : doomed, error);
+      detail::remove_tree((error ? it->second : doomed).string());
       detail::crash_point("while pruning, after removing an old checkpoint");
     }
   }
@@ -105,7 +107,7 @@ void prune_checkpoints(const std::string& dir, int64_t keep_last) {
     const std::string name = it->path().filename().string();
     const auto dot = name.find(".tmp-");
     if (dot == std::string::npos) continue;
-    if (auto step = step_of(name.substr(0, dot)); step && *step < newest) fs::remove_all(it->path(), error);
+    if (auto step = step_of(name.substr(0, dot)); step && *step < newest) detail::remove_tree(it->path().string());
   }
 }
 
