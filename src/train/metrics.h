@@ -24,8 +24,13 @@ struct Utilization {
   double flops_per_unit = 0;
   double peak_flops = 0;
   bool known() const { return flops_per_unit > 0 && peak_flops > 0; }
-  // At `units_per_s` samples or tokens per second; 0 when unknown.
-  double mfu(double units_per_s) const { return known() ? units_per_s * flops_per_unit / peak_flops : 0; }
+  // At `units_per_s` samples or tokens per second; 0 when unknown, and when
+  // the ratio passes 1: then the peak is wrong (a probe taken while the
+  // cores were busy, a wrong --peak-tflops), and no MFU is shown rather
+  // than an impossible one (implausible() says so).
+  double ratio(double units_per_s) const { return known() ? units_per_s * flops_per_unit / peak_flops : 0; }
+  double mfu(double units_per_s) const { return implausible(units_per_s) ? 0 : ratio(units_per_s); }
+  bool implausible(double units_per_s) const { return ratio(units_per_s) > 1; }
 };
 
 // The fields every run's last metrics line has ("final": true, steps, loss,

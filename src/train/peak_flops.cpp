@@ -9,6 +9,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <ctime>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -52,11 +53,9 @@ nlohmann::json read_cache(const fs::path& file) {
 
 // Best-effort: a cache that cannot be written costs a probe next time.
 // Written to a private file and renamed, so concurrent runs never see half.
-void write_cache(const fs::path& file, const std::string& key, double flops) {
+void write_cache(const fs::path& file, const nlohmann::json& cached) {
   std::error_code error;
   fs::create_directories(file.parent_path(), error);
-  auto cached = read_cache(file);
-  cached[key] = flops / 1e12;
   const fs::path temporary = file.string() + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(temporary);
@@ -66,9 +65,20 @@ void write_cache(const fs::path& file, const std::string& key, double flops) {
   if (error) fs::remove(temporary, error);
 }
 
+struct Probe {
+  double flops = 0;
+  bool cores_busy = false;  // CPU: another process took a share of this one's cores
+};
+
+double process_cpu_seconds() {
+  timespec now{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
 // The best rate of a square matrix product in `dtype`, large enough to
 // reach the device's steady state (n = 8192 on a GPU, 1024 on the CPU).
-double measure(const torch::Device& device, torch::ScalarType dtype) {
+Probe measure(const torch::Device& device, torch::ScalarType dtype) {
   torch::NoGradGuard no_grad;
   const int64_t n = device.is_cuda() ? 8192 : 1024;
   const int repeats = device.is_cuda() ? 20 : 3;
@@ -80,14 +90,20 @@ double measure(const torch::Device& device, torch::ScalarType dtype) {
   };
   torch::mm_out(c, a, b);  // warm up: kernels chosen, memory in place
   sync();
-  double best = 1e30;
-  for (int round = 0; round < 3; ++round) {
+  double best = 1e30, best_busy_share = 0;
+  for (int round = 0; round < (device.is_cuda() ? 3 : 5); ++round) {
+    const double cpu_before = process_cpu_seconds();
     const auto start = SteadyClock::now();
     for (int i = 0; i < repeats; ++i) torch::mm_out(c, a, b);
     sync();
-    best = std::min(best, seconds_since(start) / repeats);
+    const double wall = seconds_since(start);
+    if (wall / repeats < best) {
+      best = wall / repeats;
+      // The share of the round this process ran on each of its threads' cores.
+      best_busy_share = (process_cpu_seconds() - cpu_before) / (wall * std::max(1, at::get_num_threads()));
+    }
   }
-  return 2.0 * static_cast<double>(n * n * n) / best;
+  return {2.0 * static_cast<double>(n * n * n) / best, !device.is_cuda() && best_busy_share < 0.85};
 }
 
 }  // namespace
@@ -109,9 +125,21 @@ PeakFlops peak_flops(const TrainConfig& config, const torch::Device& device, tor
     if (auto it = cached.find(key); it != cached.end() && it->is_number() && it->get<double>() > 0)
       return {it->get<double>() * 1e12, "cached in " + file.string()};
   }
-  const double flops = measure(device, dtype);
-  if (!file.empty()) write_cache(file, key, flops);
-  return {flops, "measured"};
+  const Probe probe = measure(device, dtype);
+  if (probe.cores_busy) return {probe.flops, "measured while the cores were busy, not cached"};
+  if (!file.empty()) {
+    auto cached = read_cache(file);
+    cached[key] = probe.flops / 1e12;
+    write_cache(file, cached);
+  }
+  return {probe.flops, "measured"};
+}
+
+void forget_cached_peak(const TrainConfig& config, const torch::Device& device, torch::ScalarType dtype) {
+  const fs::path file = cache_file();
+  if (file.empty()) return;
+  auto cached = read_cache(file);
+  if (cached.erase(cache_key(config, device, dtype)) > 0) write_cache(file, cached);
 }
 
 }  // namespace dtrain::train

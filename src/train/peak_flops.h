@@ -33,6 +33,15 @@ struct PeakFlops {
 // else the cache ($DTRAIN_CACHE_DIR, else $XDG_CACHE_HOME/dtrain, else
 // ~/.cache/dtrain: peak_flops.json, keyed by device, dtype and threads),
 // else a GEMM probe of about a second whose result is cached.
+// A CPU probe is taken as the best of several rounds, and cached only when
+// the process had its cores to itself throughout (its CPU time over wall
+// time and threads): a probe run beside other work measures the load, not
+// the machine (make test's runs once cached 30 of an idle core's 100
+// GFLOP/s, and every later run printed an MFU of 198%).
 PeakFlops peak_flops(const TrainConfig& config, const torch::Device& device, torch::ScalarType dtype);
+
+// Drops the cached peak for (device, dtype) so that the next run probes
+// again: a run that went faster than that peak has shown it wrong.
+void forget_cached_peak(const TrainConfig& config, const torch::Device& device, torch::ScalarType dtype);
 
 }  // namespace dtrain::train

@@ -46,11 +46,21 @@ double StepLoop::mfu_of(double step_seconds) const {
   return step_seconds > 0 ? step_log_.utilization().mfu(units_per_step_ / step_seconds) : 0;
 }
 
-double StepLoop::median_mfu() const {
+double StepLoop::median_step_seconds() const {
   if (step_times_.empty()) return 0;
   std::vector<double> sorted = step_times_;
   std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
-  return mfu_of(sorted[sorted.size() / 2]);
+  return sorted[sorted.size() / 2];
+}
+
+double StepLoop::median_mfu() const {
+  const double seconds = median_step_seconds();
+  return seconds > 0 ? mfu_of(seconds) : 0;
+}
+
+bool StepLoop::median_beat_the_peak() const {
+  const double seconds = median_step_seconds();
+  return seconds > 0 && step_log_.utilization().implausible(units_per_step_ / seconds);
 }
 
 void StepLoop::message(const std::string& text) {
@@ -69,10 +79,23 @@ int64_t StepLoop::run(StepSource& source) {
     const auto start = SteadyClock::now();
     const StepOutcome outcome = source.run_step(before);
     const int64_t done = source.next_step();
+    const double seconds = seconds_since(start);
+    if (late_ && outcome.previous_loss) record_late(*outcome.previous_loss);
     rebalance(source, done);
-    record(done, outcome, seconds_since(start));
-    if (checkpoint_due(config_, before, done, total_) ||
-        (outcome.stop_requested && !config_.checkpoint_dir.empty())) {
+    const bool saving_now = checkpoint_due(config_, before, done, total_) ||
+                            (outcome.stop_requested && !config_.checkpoint_dir.empty());
+    const bool evaluating_now = config_.eval_every > 0 && done % config_.eval_every == 0 && done != total_ &&
+                                source.lockstep_ranks();
+    if (outcome.loss_late) {
+      late_ = LateStep{done, outcome, seconds};
+      // What follows must see this step's loss: a checkpoint (never of a
+      // diverged run), an evaluation's line, a stop, the end. Every rank
+      // decides alike, so the collective read matches.
+      if (saving_now || evaluating_now || outcome.stop_requested || done >= total_) record_late(source.settle_loss());
+    } else {
+      record(done, outcome, seconds);
+    }
+    if (saving_now) {
       // The time the training thread spends on it (--checkpoint-async: the
       // wait for the previous save and the copy to host memory only), for
       // the benchmark of checkpoint cost (docs/PERFORMANCE.md).
@@ -88,14 +111,22 @@ int64_t StepLoop::run(StepSource& source) {
       result_.stopped_by_signal = StopSignals::received() != 0 ? StopSignals::received() : SIGTERM;
       return done;
     }
-    if (config_.eval_every > 0 && done % config_.eval_every == 0 && done != total_ && source.lockstep_ranks()) {
+    if (evaluating_now) {
       memory::set_phase("evaluation");
       const Evaluation evaluation = source.evaluate();
       message(eval_line(done, evaluation));
       metrics_.write(eval_record(done, evaluation));
     }
   }
+  if (late_) record_late(source.settle_loss());  // (a source that jumped past the total)
   return total_;
+}
+
+void StepLoop::record_late(double loss) {
+  LateStep step = std::move(*late_);
+  late_.reset();
+  step.outcome.loss = loss;
+  record(step.done, step.outcome, step.seconds);
 }
 
 // --balance: the ranks that meet every step share their measured rates and

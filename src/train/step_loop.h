@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,11 @@ struct StepOutcome {
   bool stop_requested = false;  // SIGINT/SIGTERM on some rank (every rank learns it in the same step)
   std::vector<int64_t> peak_bytes_per_rank;  // for the progress line (on a GPU: the caching allocator's allocated)
   std::vector<int64_t> device_reserved_bytes_per_rank;  // on a GPU: the caching allocator's reserved; else empty
+  // Note [the loss one step late] (late_scalar.h): this step's loss is not
+  // known yet (`loss` is meaningless); it comes as the next step's
+  // previous_loss, or from StepSource::settle_loss().
+  bool loss_late = false;
+  std::optional<double> previous_loss;  // the last late step's loss, read in this step
 };
 
 // One strategy's side of the loop.
@@ -49,6 +55,9 @@ class StepSource {
   virtual void save_checkpoint(int64_t step) = 0;
   // Collective over lockstep_ranks(): the validation loss (and accuracy) now.
   virtual Evaluation evaluate() = 0;
+  // Collective: the loss of the last step whose outcome said loss_late,
+  // read now (a source that never defers its loss has none to settle).
+  virtual double settle_loss() { throw std::logic_error("settle_loss: this step source reads its loss at once"); }
 };
 
 class StepLoop {
@@ -71,11 +80,22 @@ class StepLoop {
 
   // MFU on the progress line and in the metrics (unknown: left out).
   void set_utilization(const Utilization& utilization) { step_log_.set_utilization(utilization); }
-  // The median step's MFU so far (0 when unknown).
+  // The median step's MFU so far (0 when unknown or implausible).
   double median_mfu() const;
+  // Whether the median step beat the peak (MFU above 1: the peak is wrong).
+  bool median_beat_the_peak() const;
 
  private:
   void record(int64_t done, const StepOutcome& outcome, double step_seconds);
+  // Records the step whose loss was late, with `loss`.
+  void record_late(double loss);
+
+  struct LateStep {
+    int64_t done;
+    StepOutcome outcome;
+    double seconds;
+  };
+  std::optional<LateStep> late_;  // a step waiting for its loss (Note [the loss one step late])
   void rebalance(StepSource& source, int64_t done);
 
   const TrainConfig& config_;
@@ -91,6 +111,7 @@ class StepLoop {
   std::vector<double> step_times_;
   std::deque<double> recent_;  // the last step times, for rate and ETA
   double mfu_of(double step_seconds) const;
+  double median_step_seconds() const;
 };
 
 }  // namespace dtrain::train

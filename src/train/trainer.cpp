@@ -26,6 +26,7 @@
 #include "train/device.h"
 #include "train/evaluate.h"
 #include "train/initial_weights.h"
+#include "train/late_scalar.h"
 #include "train/lr_schedule.h"
 #include "train/memory_summary.h"
 #include "train/metrics.h"
@@ -52,6 +53,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -98,10 +100,11 @@ class DataParallelRun final : public train::StepSource {
   void resplit(const std::vector<int64_t>& sizes) override { make_sampler(sizes); }
   void save_checkpoint(int64_t step) override;
   train::Evaluation evaluate() override;
+  double settle_loss() override;
 
  private:
   void make_sampler(std::vector<int64_t> local_batch_sizes);
-  double forward_and_backward(int64_t step, const data::Batch& part);
+  torch::Tensor forward_and_backward(int64_t step, const data::Batch& part);
   double pipeline_forward_and_backward(int64_t step, const data::Batch& part);
   std::vector<int64_t> activation_shape(int64_t samples) const;
   void build();
@@ -146,6 +149,9 @@ class DataParallelRun final : public train::StepSource {
 
   TrainResult result_;
   torch::Tensor construction_peaks_;  // per rank
+  // This rank's part's loss of the steps not yet read: at most the previous
+  // step's and this one's (Note [the loss one step late]).
+  std::deque<train::LateScalar> pending_loss_sum_;
   std::string step_advice_;
   std::vector<int64_t> peaks_;  // per rank, the steps' peak so far
   // On a GPU: the CUDA caching allocator's peaks per rank (allocated,
@@ -300,7 +306,20 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   const data::Batch part = train::batch_on(data_.train->get_batch(local_indices), device_);
   stragglers_.begin();
   optimizer_->zero_grad();
-  const double local_sum = pipeline_ ? pipeline_forward_and_backward(step, part) : forward_and_backward(step, part);
+  // The part's loss: under --pp the pipeline has it on the host already;
+  // otherwise it stays on the device and is read a step late unless
+  // --on-nonfinite skip must see it before the update (Note [the loss one
+  // step late], late_scalar.h).
+  double local_sum = 0;
+  torch::Tensor local_sum_on_device;
+  if (pipeline_) {
+    local_sum = pipeline_forward_and_backward(step, part);
+  } else {
+    local_sum_on_device = forward_and_backward(step, part);
+  }
+  const bool loss_late = !pipeline_ && config_.on_nonfinite != "skip";
+  if (!pipeline_ && !loss_late) local_sum = local_sum_on_device.item<double>();
+  if (loss_late) pending_loss_sum_.emplace_back(local_sum_on_device);  // the copy starts behind the backward
   stragglers_.end(static_cast<int64_t>(local_indices.size()), strategy_->last_backward_wait_s());
   outcome.grad_norm = config_.grad_clip > 0 ? strategy_->clip_grad_norm(config_.grad_clip) : 0.0;
   // --on-nonfinite skip: agree on the loss before the update, so that every
@@ -319,6 +338,11 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   }
   trace::sample_memory();
 
+  // The previous step's loss rides along when this one's is late: reading it
+  // waits for that step's copy only, not for this step's queued work.
+  const bool previous_late = loss_late && pending_loss_sum_.size() == 2;
+  if (previous_late) local_sum = pending_loss_sum_.front().take();
+  if (previous_late) pending_loss_sum_.pop_front();
   auto stats = torch::zeros({2 + 3 * world_size_}, torch::kFloat64);
   auto values = stats.accessor<double, 1>();
   values[0] = part_leader_ ? local_sum : 0.0;  // the part's loss (on every rank of its dp index), once
@@ -327,6 +351,10 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   for (int k = 0; k < 3; ++k) values[2 + k * world_size_ + rank_] = static_cast<double>(mine[static_cast<size_t>(k)]);
   world_->blocking().all_reduce(stats, ReduceOp::Sum);
   outcome.loss = values[0] / static_cast<double>(config_.batch_size);
+  if (loss_late) {
+    outcome.loss_late = true;
+    if (previous_late) outcome.previous_loss = outcome.loss;
+  }
   outcome.stop_requested = values[1] != 0;
   for (int r = 0; r < world_size_; ++r) {
     const auto at = [&](int k) { return static_cast<int64_t>(values[2 + k * world_size_ + r]); };
@@ -341,9 +369,18 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   return outcome;
 }
 
+// The late step's loss, now (collective over the world, as the step's stats).
+double DataParallelRun::settle_loss() {
+  if (pending_loss_sum_.empty()) throw std::logic_error("settle_loss: no step's loss is pending");
+  auto sum = torch::tensor({part_leader_ ? pending_loss_sum_.front().take() : 0.0}, torch::kFloat64);
+  pending_loss_sum_.pop_front();
+  world_->blocking().all_reduce(sum, ReduceOp::Sum);
+  return sum.item<double>() / static_cast<double>(config_.batch_size);
+}
+
 // Forward and backward of this rank's part: returns the sum of its
-// per-sample losses.
-double DataParallelRun::forward_and_backward(int64_t step, const data::Batch& part) {
+// per-sample losses, on the device (detached).
+torch::Tensor DataParallelRun::forward_and_backward(int64_t step, const data::Batch& part) {
   torch::Tensor local_sum;
   {
     memory::set_phase("forward", step_advice_);
@@ -361,7 +398,7 @@ double DataParallelRun::forward_and_backward(int64_t step, const data::Batch& pa
     // See Note [global batch loss].
     (local_sum * (static_cast<double>(dp_size_) / static_cast<double>(config_.batch_size))).backward();
   }
-  return local_sum.item<double>();
+  return local_sum.detach();
 }
 
 // What a stage sends the next for `samples` windows: [samples, T, C].
@@ -470,7 +507,7 @@ void DataParallelRun::finish(double train_seconds) {
     final_eval_ = evaluate();
     metrics_.write(train::eval_record(total_, *final_eval_));
   }
-  if (!model_.classification && !stopped) {
+  if (!model_.classification && !stopped && config_.samples > 0) {  // --samples 0: none (Note [no empty batches])
     std::optional<data::Tokenizer> tokenizer;
     if (!config_.tokenizer.empty()) tokenizer.emplace(config_.tokenizer);
     result_.samples = train::generate_samples(
@@ -519,6 +556,10 @@ void DataParallelRun::finish(double train_seconds) {
   final_line["train_time_s"] = train_seconds;
   final_line["mesh"] = {{"dp", dp_size_}, {"pp", config_.pp}, {"tp", config_.tp}};
   final_line["device"] = device_.str();
+  // A peak the steps beat was measured under load (or given wrong): the next
+  // run measures again rather than divide by it (Utilization::mfu).
+  if (loop_->median_beat_the_peak() && rank_ == 0 && config_.peak_tflops <= 0)
+    train::forget_cached_peak(config_, device_, config_.mixed_precision == "bf16" ? torch::kBFloat16 : torch::kFloat32);
   if (const double mfu = loop_->median_mfu(); mfu > 0) {
     final_line["mfu"] = mfu;  // of the median step
     final_line["peak_tflops"] = peak_flops_.flops / 1e12;
@@ -570,6 +611,9 @@ void DataParallelRun::print_summary(double train_seconds) const {
     text.precision(1);
     text << ", MFU " << 100 * mfu << "% of " << peak_flops_.flops / 1e12 << " TFLOP/s";
     text.precision(3);
+  } else if (loop_->median_beat_the_peak()) {
+    text << ", no MFU: the steps beat the peak of " << peak_flops_.flops / 1e12 << " TFLOP/s ("
+         << peak_flops_.source << "), so that peak is wrong; the next run probes again, or give --peak-tflops";
   }
   text << "); peak memory per rank " << train::per_rank_bytes(result_.peak_memory_bytes_per_rank) << ", peak RSS "
        << train::format_bytes(result_.peak_rss_bytes) << "\n";

@@ -289,3 +289,78 @@ TEST(RunTraining, TinyMLPInProcess) {
 }
 
 }  // namespace
+
+// Note [the loss one step late]: a source whose loss arrives with the next
+// step. Every step is recorded once, in order, with its own loss; the loop
+// asks for a collective read (settle_loss) only where something must see the
+// loss at once: a checkpoint (every 4 here), a stop, the end. Not per step.
+namespace {
+
+class LateLossSource final : public dtrain::train::StepSource {
+ public:
+  explicit LateLossSource(int64_t stop_after) : stop_after_(stop_after) {}
+  int64_t next_step() const override { return next_; }
+  dtrain::train::StepOutcome run_step(int64_t step) override {
+    dtrain::train::StepOutcome outcome;
+    outcome.loss = std::nan("");  // not known yet
+    outcome.loss_late = true;
+    if (pending_) outcome.previous_loss = loss_of(*pending_);
+    pending_ = step + 1;
+    next_ = step + 1;
+    outcome.stop_requested = next_ == stop_after_;
+    return outcome;
+  }
+  dtrain::Communicator* lockstep_ranks() override { return nullptr; }
+  void resplit(const std::vector<int64_t>&) override {}
+  void save_checkpoint(int64_t step) override { saved.push_back(step); }
+  dtrain::train::Evaluation evaluate() override { return {}; }
+  double settle_loss() override {
+    settled.push_back(*pending_);
+    const double loss = loss_of(*pending_);
+    pending_.reset();
+    return loss;
+  }
+  static double loss_of(int64_t step) { return 10.0 - 0.5 * static_cast<double>(step); }
+
+  std::vector<int64_t> saved, settled;
+
+ private:
+  int64_t next_ = 0;
+  int64_t stop_after_;
+  std::optional<int64_t> pending_;  // the step (1-based) whose loss is not read yet
+};
+
+std::vector<double> late_loss_run(int64_t total, LateLossSource& source,
+                                  dtrain::TrainResult& result) {
+  dtrain::TrainConfig config;
+  config.checkpoint_dir = "unused";  // save_checkpoint is the source's
+  config.checkpoint_every = 4;
+  config.log_every = 1;
+  dtrain::train::MetricsWriter metrics;
+  dtrain::train::Stragglers stragglers(config, 0, 0, 1);
+  dtrain::train::StepLoop loop(config, total, 8, "samples", /*printing=*/false, metrics, stragglers, result);
+  loop.run(source);
+  return result.losses;
+}
+
+}  // namespace
+
+TEST(StepLoop, LateLossesAreRecordedInOrderAndReadAtOnceOnlyWhereNeeded) {
+  LateLossSource source(/*stop_after=*/-1);
+  dtrain::TrainResult result;
+  const auto losses = late_loss_run(10, source, result);
+  std::vector<double> expected;
+  for (int64_t step = 1; step <= 10; ++step) expected.push_back(LateLossSource::loss_of(step));
+  EXPECT_EQ(losses, expected);
+  EXPECT_EQ(source.saved, (std::vector<int64_t>{4, 8, 10}));
+  EXPECT_EQ(source.settled, (std::vector<int64_t>{4, 8, 10})) << "read at once before each save and at the end only";
+}
+
+TEST(StepLoop, AStopSettlesTheLateLossFirst) {
+  LateLossSource source(/*stop_after=*/6);
+  dtrain::TrainResult result;
+  const auto losses = late_loss_run(10, source, result);
+  EXPECT_EQ(losses.size(), 6u);
+  EXPECT_EQ(losses.back(), LateLossSource::loss_of(6));
+  EXPECT_EQ(source.settled, (std::vector<int64_t>{4, 6}));
+}
