@@ -64,12 +64,14 @@ asan:
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=0:detect_container_overflow=0 ctest --output-on-failure --timeout 900
 
 # Training to accuracy and throughput (issue 5): about 6 minutes on 2 cores;
-# then check-multihost's and check-fresh-machine's checks.
+# then check-multihost's and check-fresh-machine's checks, and the GPU kit
+# built and run dry on this machine (tests/long/check_gpu_kit.sh, ~25 min).
 check-long: build
 	BUILD=$(BUILD) tests/long/check_long.sh
 	BUILD=$(BUILD) tests/multihost/run_two_hosts.sh
 	BUILD=$(BUILD) tests/multihost/run_elastic.sh
 	BUILD=$(BUILD) tests/fresh_machine/check_fresh_machine.sh
+	BUILD=$(BUILD) tests/long/check_gpu_kit.sh
 
 # A newcomer's machine (issue 14): a bare Debian 12 root (debootstrap minbase
 # plus g++, cmake, make, git, python3-pip, python3-venv, ca-certificates; no

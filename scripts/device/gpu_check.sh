@@ -23,7 +23,8 @@
 #   summary.txt      the one-line verdict (also the log's last line)
 # Settings (environment): TORCH_PREFIX (default: python3's
 # torch.utils.cmake_prefix_path), BUILD_DIR (default build-gpu), JOBS
-# (default: all cores), CUDA_ARCH (default 9.0), DTRAIN_GPU_BENCH=0 to skip
+# (default: all cores), CUDA_ARCH (default 9.0), GPU_TEST_RANKS (default
+# "2 3": test_cuda_training's runs through Gloo), DTRAIN_GPU_BENCH=0 to skip
 # the plain-LibTorch baseline runs, DEADLINE (default 560): seconds the whole script may
 # take; each step gets at most what is left and is skipped (NO-TIME-LEFT in
 # the summary) without its minimum (the device tool kills a command at 600
@@ -86,6 +87,28 @@ if torch.cuda.is_available():
     print(torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))
 EOF
 echo "TORCH_PREFIX=$TORCH_PREFIX"
+
+# Note [filesystem symbols from LibTorch] (src/common/file_tree.h): what the
+# wheel exports of libstdc++'s <filesystem>, and whether remove_all works
+# when it binds to that copy (as in dtrain) next to the machine's own.
+step "std::filesystem in the torch wheel"
+torch_lib=$(cd "$TORCH_PREFIX/../../lib" 2>/dev/null && pwd)
+if [ -n "$torch_lib" ] && [ -f "$torch_lib/libtorch_cpu.so" ]; then
+  echo "libtorch_cpu.so exports $(nm -D --defined-only "$torch_lib/libtorch_cpu.so" | c++filt | grep -c 'std::filesystem') std::filesystem symbols, among them:"
+  nm -D --defined-only "$torch_lib/libtorch_cpu.so" | c++filt | grep -E 'std::filesystem::remove_all' | head -n 4
+  probe_dir=$(mktemp -d)
+  for kind in plain with-libtorch; do
+    flags=()
+    [ "$kind" = with-libtorch ] && flags=(-Wl,--no-as-needed -L"$torch_lib" -ltorch_cpu -Wl,-rpath,"$torch_lib")
+    if c++ -std=c++17 -O1 scripts/device/filesystem_probe.cpp -o "$probe_dir/probe-$kind" "${flags[@]}"; then
+      (cd "$probe_dir" && timeout 20 "./probe-$kind")
+      rc=$?
+      echo "filesystem probe ($kind): exit $rc"
+      note "fs-probe-$kind=$([ "$rc" = 0 ] && echo OK || echo "FAIL($rc)")"
+    fi
+  done
+  rm -rf "$probe_dir"
+fi
 
 # nvcc: LibTorch's CMake config enables the CUDA language.
 NVCC=${NVCC:-$(command -v nvcc || true)}
@@ -224,8 +247,8 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
   ldd "$BUILD_DIR/bin/test_cuda_collectives" | grep -E "mpi|open-|hwloc|event|torch_cuda|nccl|cudart|not found"
   run_test test_cuda_collectives 1 120
   run_test test_cuda_training 1 240
-  run_test test_cuda_training 2 120
-  run_test test_cuda_training 3 120
+  # GPU_TEST_RANKS: the rank counts test_cuda_training also runs at (Gloo).
+  for ranks in ${GPU_TEST_RANKS:-2 3}; do run_test test_cuda_training "$ranks" 120; done
 fi
 if [ "$mode" = all ] || [ "$mode" = runs ]; then
   [ -f "$BUILD_DIR/.gpu_check_build_started" ] || touch -d @0 "$BUILD_DIR/.gpu_check_build_started"

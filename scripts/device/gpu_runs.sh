@@ -22,7 +22,11 @@
 #              and AdamW, 2 untimed + 8 timed steps; skipped when not built,
 #              e.g. DTRAIN_GPU_BENCH=0), then dtrain train --strategy single,
 #              ddp, fsdp (Full), zero2 (GradOp), --fsdp-prefetch on
-#   bench-350m ~50 s: as bench-1.3b at width 1024 (0.30B), batch 32
+#   bench-350m ~60 s: as bench-1.3b at width 1024 (0.30B), batch 32, then
+#              dtrain single once more with --trace (where a step's time goes)
+#   bench-llama-1b ~75 s: as bench-1.3b on a Llama of Llama 3.2 1B's shape
+#              (16 layers, width 2048, 32 heads, 8 key/value heads, SwiGLU
+#              8192; 0.97B), batch 16
 #   overlap    ~30-45 s: 2 ranks on the one GPU (Gloo), GPT 12 x 768, batch
 #              8, 8 steps, traced: fsdp, fsdp without separate streams (where
 #              a flag turns them off), ddp
@@ -56,7 +60,7 @@
 #   DTRAIN_GPU_DEVICE=cpu BUILD_DIR=build bash scripts/device/gpu_runs.sh
 
 WORK=${WORK:-$BUILD_DIR/gpu-runs}
-GPU_RUNS_PHASES=${GPU_RUNS_PHASES:-e2e bench-1.3b bench-350m overlap largest extra}
+GPU_RUNS_PHASES=${GPU_RUNS_PHASES:-e2e bench-350m bench-1.3b bench-llama-1b overlap largest extra}
 GPU_DEVICE=${DTRAIN_GPU_DEVICE:-cuda}
 MULTI_BACKEND=${DTRAIN_GPU_MULTI_BACKEND:-gloo}
 REPORTER=bench/gpu_report.py
@@ -82,7 +86,9 @@ has_flag() {  # has_flag HELP_TEXT --flag
 train_run() {
   local name=$1 phase=$2 nproc=$3 need=$4 limit=$5
   shift 5
-  local args=(train --model gpt --data "text:$corpus" --log-every 1 "${device_args[@]}"
+  local model_flag=(--model gpt)
+  [[ " $* " == *" --model "* ]] && model_flag=()  # the run names its own (bench-llama-1b)
+  local args=(train "${model_flag[@]}" --data "text:$corpus" --log-every 1 "${device_args[@]}"
     --nproc "$nproc" --backend c10d --metrics "$WORK/$name.jsonl" "$@")
   # DTRAIN_CACHE_DIR: dtrain's GEMM probe (the MFU's peak) runs once, in the first run, and its
   # result lands in $WORK/cache/peak_flops.json, which the tarball keeps.
@@ -177,7 +183,9 @@ gpu_runs_setup() {
   while [ "$(stat -c %s "$corpus")" -lt 4000000 ]; do cat README.md docs/*.md >>"$corpus"; done
   echo "corpus: $corpus, $(stat -c %s "$corpus") bytes"
   {
-    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+    # The kit records the commit it was made from (make_kit.sh): the copy
+    # here may sit inside another repository, whose HEAD git would report.
+    echo "commit: $(cat "$repo/.devkit/commit" 2>/dev/null || echo unknown)"
     echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     command -v nvidia-smi >/dev/null &&
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | sed 's/^/gpu: /'
@@ -192,6 +200,8 @@ gpu_runs_setup() {
 shape() {  # shape NAME: fills the array `model`
   if [ "$GPU_DEVICE" = cpu ]; then
     model=(--gpt-layers 2 --gpt-dim 64 --gpt-heads 2 --seq-len 64 --batch-size 4)
+    [ "$1" = llama-1b ] && model=(--model llama --gpt-layers 2 --gpt-dim 64 --gpt-heads 4 --kv-heads 2 --ffn-dim 128
+                                  --seq-len 64 --batch-size 4)
     return
   fi
   case $1 in
@@ -199,6 +209,10 @@ shape() {  # shape NAME: fills the array `model`
     350m) model=(--gpt-layers 24 --gpt-dim 1024 --gpt-heads 16 --seq-len 1024 --batch-size 32) ;;
     1.3b) model=(--gpt-layers 24 --gpt-dim 2048 --gpt-heads 16 --seq-len 1024 --batch-size 16) ;;
     overlap) model=(--gpt-layers 12 --gpt-dim 768 --gpt-heads 12 --seq-len 1024 --batch-size 8) ;;
+    # Llama 3.2 1B's shape (grouped-query attention: 32 query heads, 8 key/value
+    # heads; SwiGLU 8192) at the byte-level vocabulary: 0.97B parameters.
+    llama-1b) model=(--model llama --gpt-layers 16 --gpt-dim 2048 --gpt-heads 32 --kv-heads 8 --ffn-dim 8192
+                     --seq-len 1024 --batch-size 16) ;;
   esac
 }
 
@@ -277,9 +291,9 @@ baseline_run() {
 # Plain LibTorch, then dtrain train single, ddp, fsdp (FSDP Full), zero2
 # (FSDP GradOp): the same GPT, batch and steps (the baseline times the 8
 # steps after 2 untimed ones, as the page takes dtrain's medians).
-phase_bench() {  # phase_bench 350m|1.3b
+phase_bench() {  # phase_bench 350m|1.3b|llama-1b
   local size=$1 model steps=10 need=30 phase=bench-$1
-  [ "$size" = 1.3b ] && need=40
+  [ "$size" = 350m ] || need=40
   [ "$GPU_DEVICE" = cpu ] && steps=3
   shape "$size"
   baseline_run "bench-$size-plain" "$phase" "$need" 120 "${model[@]}" --mixed-precision bf16 --warmup-steps 2 \
@@ -293,6 +307,14 @@ phase_bench() {  # phase_bench 350m|1.3b
       train_run "bench-$size-$strategy" "$phase" 1 "$need" 120 "${common[@]}" --strategy $strategy --mixed-precision bf16 \
         --fsdp-prefetch on
     done
+    # Where a step's time goes, when the untraced runs above fall short of
+    # plain LibTorch: dtrain single again with --trace (host and device spans;
+    # not in the table, whose runs are untraced).
+    if [ "$size" = 350m ]; then
+      train_run "trace-$size-single" trace 1 "$need" 120 "${common[@]}" --strategy single --mixed-precision "$mp_sd" \
+        --trace "$WORK/trace-$size-single.trace.json"
+      phase_note trace
+    fi
   fi
   phase_note "$phase"
 }
@@ -390,6 +412,7 @@ gpu_runs_main() {
       e2e) phase_e2e ;;
       bench-1.3b) phase_bench 1.3b ;;
       bench-350m) phase_bench 350m ;;
+      bench-llama-1b) phase_bench llama-1b ;;
       probe) echo "probe: now the bench phases' plain-LibTorch baselines (bench_gpt_cuda)" ;;
       overlap) phase_overlap ;;
       largest) phase_largest ;;

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Builds .devkit/: the Debian 12 development packages dtrain needs and a bare
-# GPU machine lacks (OpenMPI, GoogleTest, nlohmann-json, CLI11, zlib and Gloo headers),
+# GPU machine lacks (scripts/debian_packages.sh's libraries: OpenMPI, xxHash,
+# SentencePiece, GoogleTest, nlohmann-json, CLI11, zlib and Gloo headers),
 # unpacked (dpkg -x, no install) so that scripts/device/gpu_check.sh can point
 # CMake at them there. Run here, from anywhere in the repository; needs
 # apt-get (for `apt-get download`) and network, no root.
 #
 # What goes in (and why so little):
 #   root/            the packages' files, docs and man pages dropped
-#     OpenMPI: headers, libmpi / libmpi_cxx and the libraries they load
-#     (libopen-rte, libopen-pal, hwloc, libevent). The MCA plugins are left
+#     the libraries' headers and shared libraries, among them OpenMPI's
+#     libmpi / libmpi_cxx and what they load (libopen-rte, libopen-pal,
+#     hwloc, libevent). OpenMPI's MCA plugins are left
 #     out: on the GPU machine dtrain runs with --backend c10d, never MPI_Init,
 #     so libmpi only has to link and load.
 #   gloo-include/    Gloo's headers (LibTorch's c10d Gloo header includes them)
@@ -21,11 +23,19 @@ repo=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 kit="$repo/.devkit"
 grep -qxF '/.devkit/' "$repo/.git/info/exclude" 2>/dev/null || echo '/.devkit/' >>"$repo/.git/info/exclude"
 
-packages=(
-  libopenmpi-dev libopenmpi3 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7
-  libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev zlib1g-dev libgloo-dev
-  libudev1 zlib1g
-)
+# The library packages are scripts/setup's own list (scripts/debian_packages.sh),
+# so a dependency added there reaches the kit too. Each comes with the runtime
+# libraries it depends on directly (libxxhash0, libsentencepiece0, ...), as
+# apt-cache says; OpenMPI's chain is named here (its -dev package pulls in
+# Fortran and InfiniBand, none of which linking needs), and Gloo is headers only.
+. "$repo/scripts/debian_packages.sh"
+packages=("${DTRAIN_LIBRARY_PACKAGES[@]}" libopenmpi3 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7 libudev1 zlib1g)
+for package in "${DTRAIN_LIBRARY_PACKAGES[@]}"; do
+  case $package in libopenmpi-dev | libgloo-dev) continue ;; esac
+  packages+=($(apt-cache depends --no-recommends --no-suggests --no-conflicts --no-breaks --no-replaces --no-enhances "$package" |
+               awk '$1 == "Depends:" && $2 ~ /^lib.*[0-9]$/ && $2 !~ /^(libc6|libstdc\+\+6|libgcc-s1)$/ {print $2}'))
+done
+echo "kit packages: ${packages[*]}"
 
 # Built aside and moved into place at the end: a failed download leaves the
 # old kit as it was.
@@ -54,9 +64,16 @@ cp -a "$u/$multiarch"/libgtest*.a "$u/$multiarch"/libgmock*.a "$r/$multiarch/"
 mkdir -p "$r/$multiarch/openmpi/lib"
 cp -a "$u/$multiarch/openmpi/include" "$r/$multiarch/openmpi/"
 cp -a "$u/$multiarch/openmpi/lib/libmpi.so" "$u/$multiarch/openmpi/lib/libmpi_cxx.so" "$r/$multiarch/openmpi/lib/"
-for lib in libmpi.so.40 libmpi_cxx.so.40 libopen-rte.so.40 libopen-pal.so.40 libhwloc.so.15 \
-           libevent_core-2.1.so.7 libevent_pthreads-2.1.so.7; do
-  cp -a "$u/$multiarch/$lib"* "$r/$multiarch/"
+# Every other shared library unpacked (OpenMPI's, hwloc, libevent, xxHash,
+# SentencePiece, ...) with its link names, except those the machine has its
+# own of (libudev, libz: fallback/ below).
+for lib in "$u/$multiarch"/lib*.so*; do
+  # OpenMPI's plugins' helpers and its Fortran, Java, OpenSHMEM and tracing
+  # libraries: nothing dtrain links loads them (and they need InfiniBand, UCX).
+  case $(basename "$lib") in
+    libudev.so* | libz.so* | libmca_* | libmpi_java* | libmpi_mpifh* | libmpi_usempi* | liboshmem* | libompitrace*) continue ;;
+  esac
+  cp -a "$lib" "$r/$multiarch/"
 done
 
 # Runtime libraries nearly every system has; used only where one is missing.
@@ -81,6 +98,10 @@ if [ -n "$missing" ]; then
   echo "$missing" >&2
   exit 1
 fi
+# The commit the kit was made from: the copy that runs on the GPU machine may
+# have no git metadata of its own (gpu_runs.sh reads this, not git).
+{ git -C "$repo" rev-parse --short HEAD; git -C "$repo" status --porcelain --untracked-files=no | grep -q . && echo "(with uncommitted changes)"; } |
+  tr '\n' ' ' >"$kit/commit" || true
 rm -rf "$final_kit"
 mv "$kit" "$final_kit"
 echo "kit: $(du -sh "$final_kit" | cut -f1) in $final_kit"

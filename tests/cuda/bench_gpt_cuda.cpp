@@ -1,10 +1,11 @@
-// Plain-LibTorch GPT training throughput on one GPU: the baseline that
+// Plain-LibTorch GPT (or Llama) training throughput on one GPU: the baseline that
 // `dtrain train --strategy single|ddp|fsdp|zero2` is measured against
 // (scripts/device/gpu_runs.sh, bench/gpu_report.py). A probe, not a test.
 //
-// The same model and the same step as `dtrain train --model gpt
+// The same model and the same step as `dtrain train --model gpt|llama
 // --optimizer adamw` at one rank, with no dtrain engine in the way: the GPT
-// dtrain builds from these flags (train::gpt_config), cross-entropy on fp32
+// or Llama dtrain builds from these flags (train::gpt_config,
+// train::llama_config: --kv-heads, --ffn-dim), cross-entropy on fp32
 // logits, AdamW with dtrain's defaults (lr 1e-3, betas 0.9/0.999, eps 1e-8,
 // weight decay 0.01; the lr held constant), seed 0, TF32 on. The precision
 // policy is dtrain's (dtrain/mixed_precision.h; src/ddp/compute_copies.h):
@@ -22,7 +23,8 @@
 //
 // Output: a human line, then one JSON line ({"bench": "bench_gpt_cuda", ...}).
 // Exit 2 on a bad flag, 77 ("SKIPPED: no GPU") with --device cuda and no GPU.
-//   bench_gpt_cuda [--gpt-layers 12] [--gpt-dim 768] [--gpt-heads 12] [--seq-len 1024]
+//   bench_gpt_cuda [--model gpt|llama] [--kv-heads N] [--ffn-dim N]
+//                  [--gpt-layers 12] [--gpt-dim 768] [--gpt-heads 12] [--seq-len 1024]
 //                  [--vocab-size 256] [--batch-size 16] [--steps 10] [--warmup-steps 2]
 //                  [--mixed-precision bf16|none] [--tf32 on|off] [--peak-tflops X] [--device cuda|cpu]
 #include <dtrain/models.h>
@@ -38,6 +40,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -47,7 +51,7 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: bench_gpt_cuda [--gpt-layers N] [--gpt-dim N] [--gpt-heads N] [--seq-len N] [--vocab-size N]\n"
+    "usage: bench_gpt_cuda [--model gpt|llama] [--kv-heads N] [--ffn-dim N] [--gpt-layers N] [--gpt-dim N] [--gpt-heads N] [--seq-len N] [--vocab-size N]\n"
     "                      [--batch-size N] [--steps N] [--warmup-steps N] [--mixed-precision bf16|none]\n"
     "                      [--tf32 on|off] [--peak-tflops X] [--device cuda|cpu]\n"
     "  defaults: 12 layers, width 768, 12 heads, context 1024, vocabulary 256, batch 16, 10 timed steps\n"
@@ -98,7 +102,10 @@ Options parse(int argc, char** argv) {
     } else {
       usage_error(flag.rfind("--", 0) == 0 ? flag + " needs a value" : "unexpected argument '" + flag + "'");
     }
-    if (flag == "--gpt-layers") c.gpt_layers = positive(flag, value);
+    if (flag == "--model" && (value == "gpt" || value == "llama")) c.model = value;
+    else if (flag == "--kv-heads") c.kv_heads = positive(flag, value);
+    else if (flag == "--ffn-dim") c.ffn_dim = positive(flag, value);
+    else if (flag == "--gpt-layers") c.gpt_layers = positive(flag, value);
     else if (flag == "--gpt-dim") c.gpt_dim = positive(flag, value);
     else if (flag == "--gpt-heads") c.gpt_heads = positive(flag, value);
     else if (flag == "--seq-len") c.seq_len = positive(flag, value);
@@ -114,7 +121,7 @@ Options parse(int argc, char** argv) {
       c.peak_tflops = std::strtod(value.c_str(), &end);
       if (value.empty() || *end != '\0' || !(c.peak_tflops >= 0))
         usage_error("--peak-tflops takes a non-negative number, got '" + value + "'");
-    } else if (flag == "--mixed-precision" || flag == "--tf32" || flag == "--device") {
+    } else if (flag == "--mixed-precision" || flag == "--tf32" || flag == "--device" || flag == "--model") {
       usage_error("bad value '" + value + "' for " + flag);
     } else {
       usage_error("unknown flag '" + flag + "'");
@@ -144,7 +151,18 @@ int main(int argc, char** argv) {
   at::globalContext().setAllowTF32CuDNN(config.tf32);
 
   torch::manual_seed(0);  // dtrain train's default --seed
-  dtrain::models::GPT model(dtrain::train::gpt_config(config));
+  // The model and its forward, as dtrain train builds it.
+  std::shared_ptr<torch::nn::Module> model;
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  if (config.model == "llama") {
+    dtrain::models::Llama llama(dtrain::train::llama_config(config));
+    model = llama.ptr();
+    forward = [llama](const torch::Tensor& x) mutable { return llama->forward(x); };
+  } else {
+    dtrain::models::GPT gpt(dtrain::train::gpt_config(config));
+    model = gpt.ptr();
+    forward = [gpt](const torch::Tensor& x) mutable { return gpt->forward(x); };
+  }
   model->to(device);
   model->train();
   const int64_t parameters = dtrain::models::parameter_count(*model);
@@ -172,7 +190,7 @@ int main(int argc, char** argv) {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < params.size(); ++i) params[i].copy_(masters[i]);
     }
-    const auto logits = model->forward(inputs).to(torch::kFloat32);  // dtrain's output_dtype
+    const auto logits = forward(inputs).to(torch::kFloat32);  // dtrain's output_dtype
     auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets);
     loss.backward();
     if (bf16)
@@ -213,18 +231,18 @@ int main(int argc, char** argv) {
   const double mfu = peak.flops > 0 ? model_flops / peak.flops : 0;
   const std::string name = cuda ? dtrain::train::cuda::device_name(0) : "cpu";
 
-  std::printf("bench_gpt_cuda: plain LibTorch GPT %.2fM (L%lld d%lld h%lld T%lld V%lld), batch %lld, %s, %s: "
+  std::printf("bench_gpt_cuda: plain LibTorch %s %.2fM (L%lld d%lld h%lld T%lld V%lld), batch %lld, %s, %s: "
               "%.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of %.0f TFLOP/s (%s), "
               "CUDA peak allocated %.2f GiB, reserved %.2f GiB (0 off CUDA), loss %.4f\n",
-              parameters / 1e6, static_cast<long long>(config.gpt_layers), static_cast<long long>(config.gpt_dim),
+              config.model == "llama" ? "Llama" : "GPT", parameters / 1e6, static_cast<long long>(config.gpt_layers), static_cast<long long>(config.gpt_dim),
               static_cast<long long>(config.gpt_heads), static_cast<long long>(config.seq_len),
               static_cast<long long>(config.vocab_size), static_cast<long long>(config.batch_size),
               config.mixed_precision.c_str(), name.c_str(), median * 1e3, tokens_per_s, model_flops / 1e12,
               100 * mfu, peak.flops / 1e12, peak.source.c_str(), peaks.allocated / 1073741824.0,
               peaks.reserved / 1073741824.0, final_loss);
-  nlohmann::ordered_json line{{"bench", "bench_gpt_cuda"}, {"model", "gpt"}, {"parameters", parameters},
+  nlohmann::ordered_json line{{"bench", "bench_gpt_cuda"}, {"model", config.model}, {"parameters", parameters},
                               {"gpt_layers", config.gpt_layers}, {"gpt_dim", config.gpt_dim},
-                              {"gpt_heads", config.gpt_heads}, {"seq_len", config.seq_len},
+                              {"gpt_heads", config.gpt_heads}, {"kv_heads", config.kv_heads}, {"seq_len", config.seq_len},
                               {"vocab_size", config.vocab_size}, {"batch_size", config.batch_size},
                               {"mixed_precision", config.mixed_precision}, {"tf32", config.tf32},
                               {"optimizer", "adamw"}, {"warmup_steps", options.warmup_steps},
