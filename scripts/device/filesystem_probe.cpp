@@ -1,8 +1,10 @@
 // Note [filesystem symbols from LibTorch] (src/common/file_tree.h), tested on
 // the machine at hand: std::filesystem::remove_all on a small tree, built
-// twice by gpu_check.sh, once plain and once linked against libtorch_cpu.so
-// ahead of libstdc++ (as dtrain is), so that the call binds to the wheel's
-// exported copy. Prints one line; exits 0 when the tree is gone.
+// by gpu_check.sh plain, linked against libtorch_cpu.so alone, and linked
+// against LibTorch's libraries in dtrain's order ahead of libstdc++, so that
+// the calls bind to the wheels' exported copies as dtrain's did. Prints one
+// line; exits 0 when the tree is gone (on 2026-12-04's H200 machine the last
+// died of SIGSEGV).
 #include <filesystem>
 #include <fstream>
 #include <iostream>

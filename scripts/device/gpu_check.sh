@@ -94,12 +94,22 @@ echo "TORCH_PREFIX=$TORCH_PREFIX"
 step "std::filesystem in the torch wheel"
 torch_lib=$(cd "$TORCH_PREFIX/../../lib" 2>/dev/null && pwd)
 if [ -n "$torch_lib" ] && [ -f "$torch_lib/libtorch_cpu.so" ]; then
-  echo "libtorch_cpu.so exports $(nm -D --defined-only "$torch_lib/libtorch_cpu.so" | c++filt | grep -c 'std::filesystem') std::filesystem symbols, among them:"
+  for lib in libtorch.so libtorch_cpu.so libtorch_cuda.so; do
+    [ -f "$torch_lib/$lib" ] &&
+      echo "$lib exports $(nm -D --defined-only "$torch_lib/$lib" | c++filt | grep -c 'std::filesystem') std::filesystem symbols"
+  done
   nm -D --defined-only "$torch_lib/libtorch_cpu.so" | c++filt | grep -E 'std::filesystem::remove_all' | head -n 4
   probe_dir=$(mktemp -d)
-  for kind in plain with-libtorch; do
+  # with-libtorch-cpu: that library alone; with-libtorch: LibTorch's libraries in
+  # the order dtrain's link names them (libtorch.so, which exports a copy of
+  # its own, first). On 2026-12-04 the first passed and the second died of
+  # SIGSEGV, as every resumed dtrain run had.
+  torch_libs=()
+  for lib in torch torch_cpu torch_cuda c10_cuda c10; do [ -f "$torch_lib/lib$lib.so" ] && torch_libs+=("-l$lib"); done
+  for kind in plain with-libtorch-cpu with-libtorch; do
     flags=()
-    [ "$kind" = with-libtorch ] && flags=(-Wl,--no-as-needed -L"$torch_lib" -ltorch_cpu -Wl,-rpath,"$torch_lib")
+    [ "$kind" = with-libtorch-cpu ] && flags=(-Wl,--no-as-needed -L"$torch_lib" -ltorch_cpu -Wl,-rpath,"$torch_lib")
+    [ "$kind" = with-libtorch ] && flags=(-Wl,--no-as-needed -L"$torch_lib" "${torch_libs[@]}" -Wl,-rpath,"$torch_lib")
     if c++ -std=c++17 -O1 scripts/device/filesystem_probe.cpp -o "$probe_dir/probe-$kind" "${flags[@]}"; then
       (cd "$probe_dir" && timeout 20 "./probe-$kind")
       rc=$?
