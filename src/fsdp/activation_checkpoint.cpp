@@ -1,6 +1,7 @@
 #include "fsdp/activation_checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
@@ -14,18 +15,40 @@
 namespace dtrain::detail {
 namespace {
 
+// The generators a unit's forward may draw from (dropout): the CPU's and, for
+// an input on a GPU, that GPU's. The recompute in backward must draw what the
+// forward drew, so it runs from their states as they were then, and restores
+// the states they have by then after it. (Through the generic at::Generator,
+// so no CUDA header is needed here.)
+std::vector<at::Generator> generators_for(const torch::Tensor& input) {
+  std::vector<at::Generator> generators{at::detail::getDefaultCPUGenerator()};
+  if (input.is_cuda()) generators.push_back(at::globalContext().defaultGenerator(input.device()));
+  return generators;
+}
+
+std::vector<torch::Tensor> states_of(std::vector<at::Generator>& generators) {
+  std::vector<torch::Tensor> states;
+  for (auto& generator : generators) {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    states.push_back(generator.get_state());
+  }
+  return states;
+}
+
+void set_states(std::vector<at::Generator>& generators, const std::vector<torch::Tensor>& states) {
+  for (size_t i = 0; i < generators.size(); ++i) {
+    std::lock_guard<std::mutex> lock(generators[i].mutex());
+    generators[i].set_state(states[i]);
+  }
+}
+
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
                                const std::shared_ptr<UnitForward>& unit_forward) {
-    auto generator = at::detail::getDefaultCPUGenerator();
-    torch::Tensor rng_state;
-    {
-      std::lock_guard<std::mutex> lock(generator.mutex());
-      rng_state = generator.get_state();
-    }
+    auto generators = generators_for(input);
     ctx->save_for_backward({input});
-    ctx->saved_data["rng_state"] = rng_state;
+    ctx->saved_data["rng_states"] = states_of(generators);
     {
       std::lock_guard<std::mutex> lock(pending_mutex());
       pending().push_back(unit_forward);
@@ -46,23 +69,16 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       pending()[index].reset();
     }
 
-    auto generator = at::detail::getDefaultCPUGenerator();
-    torch::Tensor current;
-    {
-      std::lock_guard<std::mutex> lock(generator.mutex());
-      current = generator.get_state();
-      generator.set_state(ctx->saved_data["rng_state"].toTensor());
-    }
+    auto generators = generators_for(input);
+    const std::vector<torch::Tensor> current = states_of(generators);
+    set_states(generators, ctx->saved_data["rng_states"].toTensorVector());
     auto replay_input = input.detach().requires_grad_(input.requires_grad());
     torch::Tensor output;
     {
       torch::AutoGradMode enable_grad(true);
       output = (*unit_forward)(replay_input);
     }
-    {
-      std::lock_guard<std::mutex> lock(generator.mutex());
-      generator.set_state(current);
-    }
+    set_states(generators, current);
     torch::autograd::backward({output}, {grads[0]});
     return {input.requires_grad() ? replay_input.grad() : torch::Tensor(), torch::Tensor()};
   }

@@ -308,11 +308,14 @@ void check_activation_checkpointing(const TrainConfig& c, const torch::Device& d
   if (c.pp > 1)
     fail(flag + " with --pp " + std::to_string(c.pp) + " is not available yet (a pipeline stage runs its units "
          "gathered for the whole step, without the recompute): leave one of them out");
-  // The recompute restores the CPU generator's state only, so on a GPU
-  // dropout would draw other masks in backward than in forward.
+  // The recompute restores the GPU's generator too now
+  // (src/fsdp/activation_checkpoint.cpp), but that has not run on a GPU yet:
+  // the refusal stays until CudaTraining.ActivationCheckpointingReplaysGpuDropout
+  // (tests/cuda, run by scripts/device/gpu_check.sh) has passed there, since
+  // other masks in the recompute would give wrong gradients without a word.
   if (c.dropout > 0 && device.is_cuda())
-    fail(flag + " with --dropout on a GPU is not available: the recompute replays the CPU generator's dropout masks, "
-         "not the GPU's; use --dropout 0 or --device cpu");
+    fail(flag + " with --dropout on a GPU is not available yet: the recompute's replay of the GPU's dropout masks "
+         "awaits its first GPU test; use --dropout 0 or --device cpu");
 }
 
 }  // namespace

@@ -119,11 +119,17 @@ void freeze_qkv_biases(torch::nn::Module& model) {
     if (item.key().ends_with("qkv.bias")) item.value().set_requires_grad(false);
 }
 
-// A fresh model, the same on every call and every rank.
+// The GPT's dropout (ActivationCheckpointingReplaysGpuDropout sets it).
+double gpt_dropout = 0;
+
+// A fresh model, the same on every call and every rank. (manual_seed seeds
+// the GPU's generator too: dropout draws the same masks in every run.)
 std::shared_ptr<torch::nn::Module> build(Model model) {
   torch::manual_seed(3);
   if (model == Model::MLP) return fsdp_test::make_mlp().ptr();
-  auto gpt = dtrain::models::GPT(fsdp_test::tiny_gpt_config());
+  auto config = fsdp_test::tiny_gpt_config();
+  config.dropout = gpt_dropout;
+  auto gpt = dtrain::models::GPT(config);
   freeze_qkv_biases(*gpt);
   return gpt.ptr();
 }
@@ -300,6 +306,21 @@ TEST_F(CudaTraining, FSDPMatchesPlainTraining) {
       expect_same_training(train_plain(model, kind), train_fsdp(model, kind, options), tolerance(model, kind), what);
     }
   }
+}
+
+// Activation checkpointing recomputes each block in its backward: with
+// dropout on a GPU the recompute must draw the masks the forward drew, from
+// the GPU's generator (src/fsdp/activation_checkpoint.cpp restores its state
+// as well as the CPU's). Then training with it equals training without it;
+// with other masks the gradients would differ from the first step.
+TEST_F(CudaTraining, ActivationCheckpointingReplaysGpuDropout) {
+  gpt_dropout = 0.2;
+  dtrain::FSDPOptions options;
+  const Trained without = train_fsdp(Model::GPT, Optimizer::SGD, options);
+  options.activation_checkpointing = true;
+  const Trained with = train_fsdp(Model::GPT, Optimizer::SGD, options);
+  gpt_dropout = 0;
+  expect_same_training(without, with, 1e-5, "FSDP Full GPT with dropout 0.2, activation checkpointing on vs off");
 }
 
 // The CPU test's check (MixedPrecision.Bf16TracksFp32 in
