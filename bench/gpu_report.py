@@ -287,15 +287,11 @@ def shape(argv):
     return " ".join(([model.capitalize()] if model != "gpt" else []) + words)
 
 
-def flop_per_token(argv, parameters):
-    """6 per parameter per token plus causal attention's 6 L T C (bench_gpt_cuda's count)."""
-    if not parameters:
-        return None
-    try:
-        layers, dim, seq = (int(arg_value(argv, f)) for f in ("--gpt-layers", "--gpt-dim", "--seq-len"))
-    except (TypeError, ValueError):
-        return None
-    return 6.0 * parameters + 6.0 * layers * seq * dim
+def model_tflops(metrics):
+    """The model's TFLOP/s by dtrain's one convention (train::model_flops_per_unit: 6 per
+    matrix-product parameter per token plus attention's 12 L T C): MFU times the peak it is of."""
+    mfu, peak = metrics.get("mfu"), metrics.get("peak_tflops")
+    return mfu * peak if mfu and peak else None
 
 
 # --- the page -------------------------------------------------------------------------------
@@ -416,14 +412,16 @@ def bench_section(runs, rows_out):
     if not bench:
         return []
     out = ["## Throughput: one rank, bf16, AdamW, context 1024", "",
-           "Medians over the steps after the first two; TFLOP/s (6N+6LTC) counts 6 FLOP per parameter",
-           "per token plus causal attention's 6 L T C; MFU is dtrain's own (6N + 12 L T C against the peak",
-           "TFLOP/s its GEMM probe measured or --peak-tflops gave; bench_gpt_cuda computes it the same way against",
-           "the same cached peak), and so are the peaks (cuda_*_peak_bytes, largest rank). \"%s\" is LibTorch" % PLAIN_LABEL,
+           "Medians over the steps after the first two. TFLOP/s and MFU count the model's FLOPs one way, dtrain's",
+           "(train::model_flops_per_unit, PaLM's convention): 6 per parameter that takes part in a matrix product,",
+           "per token, plus attention's 12 L T C (no causal halving); position and lookup-only token embeddings",
+           "are left out. MFU is that over the peak TFLOP/s dtrain's GEMM probe measured or --peak-tflops gave;",
+           "bench_gpt_cuda counts the same against the same cached peak. The peaks are the caching allocator's",
+           "(cuda_*_peak_bytes, largest rank). \"%s\" is LibTorch" % PLAIN_LABEL,
            "alone on the same GPT with dtrain's bf16 policy (fp32 master weights and AdamW state, bf16 compute",
            "copies cast every step); \"vs plain LibTorch\" is a run's tokens/s over its; \"/ single\" over dtrain single's.",
            ""]
-    header = ["model", "run", "status", "ms/step", "tokens/s", "TFLOP/s (6N+6LTC)", "MFU", "peak TFLOP/s",
+    header = ["model", "run", "status", "ms/step", "tokens/s", "TFLOP/s", "MFU", "peak TFLOP/s",
               "CUDA allocated peak", "reserved peak", "vs plain LibTorch", "/ single"]
     rows = []
     targets = []
@@ -445,8 +443,7 @@ def bench_section(runs, rows_out):
             m = run.get("metrics") or {}
             ok = run["status"] == "ok"
             strategy = "plain" if is_plain(run) else arg_value(run["args"], "--strategy", "?")
-            per_token = flop_per_token(run["args"], m.get("parameters") or params)
-            tflops = m.get("tokens_per_s") * per_token / 1e12 if per_token and m.get("tokens_per_s") else None
+            tflops = model_tflops(m)
             precision = arg_value(run["args"], "--mixed-precision", "none")
             tokens = m.get("tokens_per_s") if ok else None
             vs_plain = tokens / plain if plain and tokens else None

@@ -9,6 +9,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <ctime>
 #include <cstdlib>
 #include <filesystem>
@@ -108,8 +109,20 @@ Probe measure(const torch::Device& device, torch::ScalarType dtype) {
 
 }  // namespace
 
+double matmul_parameters(const TrainConfig& config, int64_t parameters) {
+  if (!is_language_model(config.model)) return static_cast<double>(parameters);
+  const int64_t positions = config.positions > 0 ? config.positions : config.seq_len;
+  int64_t lookups = 0;  // tables read by index: no multiply-adds
+  if (config.model == "gpt" || config.model == "gpt2") {
+    lookups = positions * config.gpt_dim;  // wpe; wte is also the (tied) head, a matrix product
+  } else if (config.model == "llama" && !config.tie_embeddings) {
+    lookups = config.vocab_size * config.gpt_dim;  // embed_tokens; lm_head is its own matrix
+  }
+  return static_cast<double>(parameters - lookups);
+}
+
 double model_flops_per_unit(const TrainConfig& config, int64_t parameters) {
-  const double n = static_cast<double>(parameters);
+  const double n = matmul_parameters(config, parameters);
   if (is_language_model(config.model))
     return 6 * n + 12.0 * static_cast<double>(config.gpt_layers * config.seq_len * config.gpt_dim);
   if (config.model == "mlp") return 6 * n;
@@ -133,6 +146,15 @@ PeakFlops peak_flops(const TrainConfig& config, const torch::Device& device, tor
     write_cache(file, cached);
   }
   return {probe.flops, "measured"};
+}
+
+std::string format_flops(double flops_per_s) {
+  const bool tera = flops_per_s >= 1e12;
+  const double value = flops_per_s / (tera ? 1e12 : 1e9);
+  char text[48];
+  std::snprintf(text, sizeof(text), value >= 100 ? "%.0f %s" : value >= 10 ? "%.1f %s" : "%.2f %s", value,
+                tera ? "TFLOP/s" : "GFLOP/s");
+  return text;
 }
 
 void forget_cached_peak(const TrainConfig& config, const torch::Device& device, torch::ScalarType dtype) {

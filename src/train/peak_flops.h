@@ -17,11 +17,20 @@ struct TrainConfig;
 namespace dtrain::train {
 
 // Training FLOPs per sample or token (the metrics' unit) of config.model
-// with `parameters` parameters: 6 per parameter per token (forward 2,
-// backward 4) plus attention's 12 * layers * seq_len * width for the
-// transformers; 6 per parameter per sample for the MLP; 0 (unknown) for the
-// CNN, whose convolutions reuse each weight at every position.
+// with `parameters` parameters, by one convention everywhere dtrain reports
+// FLOPs (the progress line, the metrics, bench_gpt_cuda, bench/gpu_report.py's
+// TFLOP/s column), PaLM's: 6 per parameter that takes part in a matrix
+// product per token (forward 2, backward 4) plus attention's 12 * layers *
+// seq_len * width (scores and weighted sum, forward and backward, counted
+// without the causal mask's halving) for the transformers. Tables read by
+// index do no multiply-adds and are left out: GPT's position embeddings,
+// Llama's token embeddings unless they are also its head (GPT's token
+// embeddings are its tied head, so they count). 6 per parameter per sample
+// for the MLP; 0 (unknown) for the CNN, whose convolutions reuse each weight
+// at every position.
 double model_flops_per_unit(const TrainConfig& config, int64_t parameters);
+// The parameters that take part in a matrix product (as above).
+double matmul_parameters(const TrainConfig& config, int64_t parameters);
 
 struct PeakFlops {
   double flops = 0;    // per second, on one rank's share of the device
@@ -39,6 +48,9 @@ struct PeakFlops {
 // the machine (make test's runs once cached 30 of an idle core's 100
 // GFLOP/s, and every later run printed an MFU of 198%).
 PeakFlops peak_flops(const TrainConfig& config, const torch::Device& device, torch::ScalarType dtype);
+
+// "796 TFLOP/s", "48.2 GFLOP/s": three significant digits at most.
+std::string format_flops(double flops_per_s);
 
 // Drops the cached peak for (device, dtype) so that the next run probes
 // again: a run that went faster than that peak has shown it wrong.

@@ -609,10 +609,10 @@ void DataParallelRun::print_summary(double train_seconds) const {
   text << " in " << train::format_duration(train_seconds) << " (median step " << result_.step_time_s_median << " s";
   if (const double mfu = loop_->median_mfu(); mfu > 0) {
     text.precision(1);
-    text << ", MFU " << 100 * mfu << "% of " << peak_flops_.flops / 1e12 << " TFLOP/s";
+    text << ", MFU " << 100 * mfu << "% of " << train::format_flops(peak_flops_.flops);
     text.precision(3);
   } else if (loop_->median_beat_the_peak()) {
-    text << ", no MFU: the steps beat the peak of " << peak_flops_.flops / 1e12 << " TFLOP/s ("
+    text << ", no MFU: the steps beat the peak of " << train::format_flops(peak_flops_.flops) << " ("
          << peak_flops_.source << "), so that peak is wrong; the next run probes again, or give --peak-tflops";
   }
   text << "); peak memory per rank " << train::per_rank_bytes(result_.peak_memory_bytes_per_rank) << ", peak RSS "

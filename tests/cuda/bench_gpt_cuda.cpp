@@ -15,7 +15,7 @@
 //   none  fp32 throughout (TF32 matmuls with --tf32 on)
 // Steps are timed one by one, the device synchronised at each boundary;
 // tokens/s is of the median timed step. MFU counts dtrain's model FLOPs
-// (train::model_flops_per_unit: 6N + 12 L T C per token) against
+// (train::model_flops_per_unit: 6 per matrix-product parameter plus 12 L T C per token) against
 // --peak-tflops, else dtrain's cached or measured bf16 (fp32) GEMM peak
 // (train::peak_flops, $DTRAIN_CACHE_DIR). Memory: the CUDA caching
 // allocator's allocated and reserved peaks over the steps (reset once the

@@ -7,6 +7,7 @@
 #include "dtrain/train.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
+#include "train/peak_flops.h"
 #include "train/step_loop.h"
 #include "train/progress.h"
 
@@ -363,4 +364,33 @@ TEST(StepLoop, AStopSettlesTheLateLossFirst) {
   EXPECT_EQ(losses.size(), 6u);
   EXPECT_EQ(losses.back(), LateLossSource::loss_of(6));
   EXPECT_EQ(source.settled, (std::vector<int64_t>{4, 6}));
+}
+
+// One FLOP count everywhere (train::model_flops_per_unit, PaLM's convention):
+// 6 per matrix-product parameter per token plus attention's 12 L T C; tables
+// read by index (GPT's positions, Llama's untied token embeddings) do no
+// multiply-adds. GPT's token table is its tied head, so it counts.
+TEST(ModelFlops, OneConventionLeavesOutLookupTablesOnly) {
+  dtrain::TrainConfig c;
+  c.gpt_layers = 2, c.gpt_dim = 64, c.gpt_heads = 4, c.seq_len = 32, c.vocab_size = 256;
+  const int64_t parameters = 1'000'000;
+  const double attention = 12.0 * 2 * 32 * 64;
+  c.model = "gpt";
+  EXPECT_DOUBLE_EQ(dtrain::train::model_flops_per_unit(c, parameters), 6.0 * (parameters - 32 * 64) + attention);
+  c.model = "llama";
+  EXPECT_DOUBLE_EQ(dtrain::train::model_flops_per_unit(c, parameters), 6.0 * (parameters - 256 * 64) + attention);
+  c.tie_embeddings = true;
+  EXPECT_DOUBLE_EQ(dtrain::train::model_flops_per_unit(c, parameters), 6.0 * parameters + attention);
+  c.model = "mlp";
+  EXPECT_DOUBLE_EQ(dtrain::train::model_flops_per_unit(c, parameters), 6.0 * parameters);
+}
+
+// A step faster than the peak allows shows the peak is wrong: no MFU then
+// (make demo once printed "MFU 198.5%" against a probe taken under load).
+TEST(ModelFlops, AnMfuAboveOneIsNeverShown) {
+  const dtrain::train::Utilization utilization{.flops_per_unit = 10, .peak_flops = 1000};
+  EXPECT_DOUBLE_EQ(utilization.mfu(50), 0.5);
+  EXPECT_FALSE(utilization.implausible(50));
+  EXPECT_DOUBLE_EQ(utilization.mfu(150), 0) << "150 units/s x 10 FLOP = 1.5 x the peak";
+  EXPECT_TRUE(utilization.implausible(150));
 }
