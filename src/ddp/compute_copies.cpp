@@ -2,6 +2,8 @@
 
 #include <torch/utils.h>
 
+#include <utility>
+
 namespace dtrain::detail {
 
 ComputeCopies::ComputeCopies(const std::vector<torch::Tensor>& parameters, c10::ScalarType dtype) : dtype_(dtype) {
@@ -9,6 +11,39 @@ ComputeCopies::ComputeCopies(const std::vector<torch::Tensor>& parameters, c10::
     if (parameter.is_floating_point() && parameter.scalar_type() != dtype) parameters_.push_back(parameter);
   masters_.resize(parameters_.size());
   copies_.resize(parameters_.size());
+  accumulated_.resize(parameters_.size());
+  for (size_t i = 0; i < parameters_.size(); ++i) index_[parameters_[i].unsafeGetTensorImpl()] = static_cast<int>(i);
+}
+
+int ComputeCopies::index_of(const torch::Tensor& parameter) const {
+  const auto it = index_.find(parameter.unsafeGetTensorImpl());
+  return it == index_.end() ? -1 : it->second;
+}
+
+void ComputeCopies::accumulate(const torch::Tensor& parameter) {
+  const int i = index_of(parameter);
+  if (i < 0 || !swapped_) return;
+  auto& grad = const_cast<torch::Tensor&>(parameter).mutable_grad();
+  if (!grad.defined()) return;
+  torch::NoGradGuard no_grad;
+  auto& sum = accumulated_[static_cast<size_t>(i)];
+  if (sum.defined()) {
+    sum.add_(grad);
+  } else {
+    sum = grad.to(masters_[static_cast<size_t>(i)].scalar_type());
+  }
+  grad = torch::Tensor();
+}
+
+torch::Tensor ComputeCopies::take_accumulated(const torch::Tensor& parameter) {
+  const int i = index_of(parameter);
+  if (i < 0) return {};
+  return std::exchange(accumulated_[static_cast<size_t>(i)], torch::Tensor());
+}
+
+bool ComputeCopies::has_accumulated(const torch::Tensor& parameter) const {
+  const int i = index_of(parameter);
+  return i >= 0 && accumulated_[static_cast<size_t>(i)].defined();
 }
 
 void ComputeCopies::swap_in() {

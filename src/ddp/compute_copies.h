@@ -19,13 +19,20 @@
 // optimizer's, the module's, the user's) sees the same change; autograd
 // keeps the post-accumulate-grad hooks across it (they live on the
 // parameter, not on its gradient accumulator). Under no_sync() nothing
-// reduces, so the parameters stay in param_dtype and the gradients
-// accumulate there until the next synchronised backward.
+// reduces, so the parameters stay in param_dtype between the steps; each
+// step's narrow gradient is added, as it arrives, to a sum in the master's
+// dtype (accumulate()) and dropped, so that gradient accumulation over many
+// no_sync() steps rounds as often as FSDP's, in fp32, not once per step in
+// bf16. The next synchronised backward adds that sum to its own gradient
+// before the reducer copies it into its bucket (take_accumulated()). The sums
+// are the pending no_sync() steps' gradients: like .grad they last until
+// that backward, and zero_grad() between no_sync() steps does not reach them.
 #pragma once
 
 #include <c10/core/ScalarType.h>
 #include <torch/types.h>
 
+#include <unordered_map>
 #include <vector>
 
 namespace dtrain::detail {
@@ -43,10 +50,23 @@ class ComputeCopies {
   bool swapped() const { return swapped_; }
   c10::ScalarType dtype() const { return dtype_; }
 
+  // Under no_sync(): adds `parameter`'s compute-dtype gradient to its sum in
+  // the master's dtype and drops it (nothing for a parameter not copied).
+  void accumulate(const torch::Tensor& parameter);
+  // The sum of `parameter`'s no_sync() gradients (undefined: none), handed
+  // over and forgotten.
+  torch::Tensor take_accumulated(const torch::Tensor& parameter);
+  bool has_accumulated(const torch::Tensor& parameter) const;
+
  private:
+  // Index of a copied parameter in parameters_ (-1: not copied).
+  int index_of(const torch::Tensor& parameter) const;
+
   std::vector<torch::Tensor> parameters_;
   std::vector<torch::Tensor> masters_;  // while swapped: each parameter's full-precision data
   std::vector<torch::Tensor> copies_;   // compute-dtype buffers, kept across steps
+  std::vector<torch::Tensor> accumulated_;  // no_sync() steps' gradients, summed in the master's dtype
+  std::unordered_map<const c10::TensorImpl*, int> index_;
   c10::ScalarType dtype_;
   bool swapped_ = false;
 };

@@ -86,7 +86,11 @@ void Reducer::remove_hooks() {
 
 void Reducer::on_gradient_ready(int parameter) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!sync_) return;
+  if (!sync_) {
+    // Note [DDP mixed precision]: the narrow gradient joins its full-precision sum.
+    if (compute_copies_ && compute_copies_->swapped()) compute_copies_->accumulate(parameters_[parameter]);
+    return;
+  }
   if (!finalize_queued_) start_backward();
   if (ready_[parameter]) {
     const bool promised_unused =
@@ -109,15 +113,29 @@ void Reducer::start_backward() {
   // static_graph: what got no gradient in the first pass gets none now
   // either; its zeros (or no_sync sum) go in at once, not at the end.
   for (int p : static_unused_) {
-    const bool has_gradient = parameters_[p].grad().defined();
+    const bool has_gradient = has_gradient_to_reduce(p);
     stage_gradient(p);
     mark_ready(p, has_gradient);
   }
 }
 
+bool Reducer::has_gradient_to_reduce(int parameter) const {
+  return parameters_[parameter].grad().defined() ||
+         (compute_copies_ && compute_copies_->has_accumulated(parameters_[parameter]));
+}
+
 void Reducer::stage_gradient(int parameter) {
   auto& grad = parameters_[parameter].mutable_grad();
   auto& slot = buckets_.slot(parameter);
+  // The no_sync() steps' sum in full precision, then this step's gradient
+  // on top (Note [DDP mixed precision]); the bucket takes the sum.
+  if (compute_copies_) {
+    if (torch::Tensor sum = compute_copies_->take_accumulated(parameters_[parameter]); sum.defined()) {
+      torch::NoGradGuard no_grad;
+      if (grad.defined()) sum.add_(grad);
+      grad = sum;
+    }
+  }
   if (!grad.defined()) {
     torch::NoGradGuard no_grad;
     slot.zero_();
@@ -185,7 +203,7 @@ void Reducer::account_for_missing_gradients() {
   for (int p : missing) {
     // A gradient left from no_sync() steps still counts; otherwise this
     // rank contributes zeros.
-    const bool has_gradient = parameters_[p].grad().defined();
+    const bool has_gradient = has_gradient_to_reduce(p);
     stage_gradient(p);
     mark_ready(p, has_gradient);
   }

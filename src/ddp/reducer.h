@@ -33,7 +33,10 @@
 //   are marked ready as each later pass starts.
 // - Under no_sync() hooks do nothing; gradients accumulate in .grad (in the
 //   bucket, when .grad is a view) and the next synchronised backward
-//   averages the accumulated sums.
+//   averages the accumulated sums. With mixed precision the hooks add each
+//   narrow gradient to a full-precision sum instead (Note [DDP mixed
+//   precision], compute_copies.h), which the next synchronised backward
+//   stages with its own.
 #pragma once
 
 #include <dtrain/comm.h>
@@ -77,6 +80,8 @@ class Reducer {
   void remove_hooks();
   void start_backward();
   void stage_gradient(int parameter);
+  // A gradient this backward or a no_sync() sum (mixed precision) to reduce.
+  bool has_gradient_to_reduce(int parameter) const;
   void mark_ready(int parameter, bool used);
   void launch_complete_buckets();
   void finalize_backward();
