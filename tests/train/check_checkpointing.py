@@ -114,6 +114,11 @@ def wait_for(condition, seconds, what, process=None):
         if process is not None and process.poll() is not None:
             fail("the job ended (code %s) before %s" % (process.returncode, what))
         time.sleep(0.05)
+    if process is not None and process.stdout is not None:
+        # What the job had done by then (its step lines), to tell a slow run from a stuck one.
+        process.kill()
+        output = process.communicate()[0].decode("utf-8", errors="replace").splitlines()
+        print("\n".join(output[-15:]), flush=True)
     fail("waited %d s for %s" % (seconds, what))
 
 
@@ -175,7 +180,9 @@ def check_kill_resume(dtrain, args, folder):
                                           "--slow-rank", "1:100", "--metrics", metrics]
     say("running: " + " ".join(shlex.quote(a) for a in command))
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    wait_for(lambda: newest_complete_checkpoint(checkpoints) >= 20, 120, "a checkpoint of step 20 or later", job)
+    # Rank 1's delay is 99 x its thread's CPU time per step, which varies with the machine's load (one CI
+    # check on 2026-12-04 needed more than 120 s to reach step 20, others 40-60 s): a generous bound.
+    wait_for(lambda: newest_complete_checkpoint(checkpoints) >= 20, 240, "a checkpoint of step 20 or later", job)
     victims = [pid for pid in descendants(job.pid) if rank_of(pid) == 1]
     if not victims:
         job.kill()
