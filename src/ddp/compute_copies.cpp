@@ -20,10 +20,10 @@ int ComputeCopies::index_of(const torch::Tensor& parameter) const {
   return it == index_.end() ? -1 : it->second;
 }
 
-void ComputeCopies::accumulate(const torch::Tensor& parameter) {
+void ComputeCopies::accumulate(torch::Tensor parameter) {  // a handle: its .grad is the parameter's
   const int i = index_of(parameter);
   if (i < 0 || !swapped_) return;
-  auto& grad = const_cast<torch::Tensor&>(parameter).mutable_grad();
+  auto& grad = parameter.mutable_grad();
   if (!grad.defined()) return;
   torch::NoGradGuard no_grad;
   auto& sum = accumulated_[static_cast<size_t>(i)];

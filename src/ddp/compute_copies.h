@@ -52,7 +52,7 @@ class ComputeCopies {
 
   // Under no_sync(): adds `parameter`'s compute-dtype gradient to its sum in
   // the master's dtype and drops it (nothing for a parameter not copied).
-  void accumulate(const torch::Tensor& parameter);
+  void accumulate(torch::Tensor parameter);
   // The sum of `parameter`'s no_sync() gradients (undefined: none), handed
   // over and forgotten.
   torch::Tensor take_accumulated(const torch::Tensor& parameter);

@@ -66,6 +66,11 @@
 namespace dtrain {
 namespace {
 
+// The compute dtype whose GEMM peak MFU divides by.
+torch::ScalarType peak_dtype(const TrainConfig& config) {
+  return config.mixed_precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+}
+
 // MFU's denominator: rank 0 finds its device's peak for the compute dtype
 // (--peak-tflops, the machine's cache or a GEMM probe) while the others
 // wait, so that no probe competes with another rank for the device; every
@@ -76,8 +81,7 @@ train::PeakFlops job_peak_flops(const TrainConfig& config, const torch::Device& 
   auto peak = torch::zeros({1}, torch::kFloat64);
   std::string source;
   if (world->rank() == 0) {
-    const auto dtype = config.mixed_precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-    const train::PeakFlops measured = train::peak_flops(config, device, dtype);
+    const train::PeakFlops measured = train::peak_flops(config, device, peak_dtype(config));
     peak[0] = measured.flops;
     source = measured.source;
   }
@@ -105,6 +109,7 @@ class DataParallelRun final : public train::StepSource {
  private:
   void make_sampler(std::vector<int64_t> local_batch_sizes);
   torch::Tensor forward_and_backward(int64_t step, const data::Batch& part);
+  double take_pending_loss_sum();
   double pipeline_forward_and_backward(int64_t step, const data::Batch& part);
   std::vector<int64_t> activation_shape(int64_t samples) const;
   void build();
@@ -310,16 +315,15 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   // otherwise it stays on the device and is read a step late unless
   // --on-nonfinite skip must see it before the update (Note [the loss one
   // step late], late_scalar.h).
+  const bool loss_late = !pipeline_ && config_.on_nonfinite != "skip";
   double local_sum = 0;
-  torch::Tensor local_sum_on_device;
   if (pipeline_) {
     local_sum = pipeline_forward_and_backward(step, part);
+  } else if (const torch::Tensor on_device = forward_and_backward(step, part); loss_late) {
+    pending_loss_sum_.emplace_back(on_device);  // the copy starts behind the backward
   } else {
-    local_sum_on_device = forward_and_backward(step, part);
+    local_sum = on_device.item<double>();
   }
-  const bool loss_late = !pipeline_ && config_.on_nonfinite != "skip";
-  if (!pipeline_ && !loss_late) local_sum = local_sum_on_device.item<double>();
-  if (loss_late) pending_loss_sum_.emplace_back(local_sum_on_device);  // the copy starts behind the backward
   stragglers_.end(static_cast<int64_t>(local_indices.size()), strategy_->last_backward_wait_s());
   outcome.grad_norm = config_.grad_clip > 0 ? strategy_->clip_grad_norm(config_.grad_clip) : 0.0;
   // --on-nonfinite skip: agree on the loss before the update, so that every
@@ -341,8 +345,7 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   // The previous step's loss rides along when this one's is late: reading it
   // waits for that step's copy only, not for this step's queued work.
   const bool previous_late = loss_late && pending_loss_sum_.size() == 2;
-  if (previous_late) local_sum = pending_loss_sum_.front().take();
-  if (previous_late) pending_loss_sum_.pop_front();
+  if (previous_late) local_sum = take_pending_loss_sum();
   auto stats = torch::zeros({2 + 3 * world_size_}, torch::kFloat64);
   auto values = stats.accessor<double, 1>();
   values[0] = part_leader_ ? local_sum : 0.0;  // the part's loss (on every rank of its dp index), once
@@ -369,11 +372,18 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   return outcome;
 }
 
+// The oldest pending part loss, read (waiting for its copy only) and dropped.
+double DataParallelRun::take_pending_loss_sum() {
+  if (pending_loss_sum_.empty()) throw std::logic_error("no step's loss is pending");
+  const double value = pending_loss_sum_.front().take();
+  pending_loss_sum_.pop_front();
+  return value;
+}
+
 // The late step's loss, now (collective over the world, as the step's stats).
 double DataParallelRun::settle_loss() {
-  if (pending_loss_sum_.empty()) throw std::logic_error("settle_loss: no step's loss is pending");
-  auto sum = torch::tensor({part_leader_ ? pending_loss_sum_.front().take() : 0.0}, torch::kFloat64);
-  pending_loss_sum_.pop_front();
+  const double local_sum = take_pending_loss_sum();
+  auto sum = torch::tensor({part_leader_ ? local_sum : 0.0}, torch::kFloat64);
   world_->blocking().all_reduce(sum, ReduceOp::Sum);
   return sum.item<double>() / static_cast<double>(config_.batch_size);
 }
@@ -559,7 +569,7 @@ void DataParallelRun::finish(double train_seconds) {
   // A peak the steps beat was measured under load (or given wrong): the next
   // run measures again rather than divide by it (Utilization::mfu).
   if (loop_->median_beat_the_peak() && rank_ == 0 && config_.peak_tflops <= 0)
-    train::forget_cached_peak(config_, device_, config_.mixed_precision == "bf16" ? torch::kBFloat16 : torch::kFloat32);
+    train::forget_cached_peak(config_, device_, peak_dtype(config_));
   if (const double mfu = loop_->median_mfu(); mfu > 0) {
     final_line["mfu"] = mfu;  // of the median step
     final_line["peak_tflops"] = peak_flops_.flops / 1e12;
