@@ -1,5 +1,6 @@
 #include "bench_collectives.h"
 
+#include "json_file.h"
 #include "relaunch.h"
 
 #include "dtrain/comm.h"
@@ -14,7 +15,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -208,18 +208,8 @@ int bench_collectives_rank(const BenchCollectivesOptions& options) {
                            {"dtrain_blocking_us", row.blocking_seconds * 1e6},
                            {"raw_us", row.raw_seconds ? nlohmann::json(*row.raw_seconds * 1e6) : nlohmann::json()}});
       }
-      // Written beside the target and renamed, so a reader never sees half a file.
-      const std::string partial = options.json_path + ".partial";
-      {
-        std::ofstream out(partial);
-        out << nlohmann::json{{"threads_per_rank", at::get_num_threads()}, {"results", results}}.dump(2) << "\n";
-        if (!out) {
-          std::cerr << "dtrain: cannot write " << options.json_path << std::endl;
-          std::remove(partial.c_str());
-          return 1;
-        }
-      }
-      if (std::rename(partial.c_str(), options.json_path.c_str()) != 0) {
+      if (!write_json_file(options.json_path,
+                           nlohmann::json{{"threads_per_rank", at::get_num_threads()}, {"results", results}})) {
         std::cerr << "dtrain: cannot write " << options.json_path << std::endl;
         return 1;
       }

@@ -1,5 +1,6 @@
 #include "bench_ddp.h"
 
+#include "json_file.h"
 #include "relaunch.h"
 
 #include "dtrain/comm.h"
@@ -17,7 +18,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -50,7 +50,7 @@ constexpr int64_t kGPTBatch = 4;
 constexpr int kGPTSteps = 4;
 
 // Timing does not depend on the values; any small step keeps them finite.
-constexpr double kLearningRate = 1e-3;
+constexpr double kSgdLearningRate = 1e-3;
 
 // ideal: each rank trains alone (the lower bound for any data-parallel step).
 // naive: one blocking all-reduce per gradient after backward (what DDP's
@@ -139,7 +139,7 @@ std::vector<Result> bench_model(const std::string& name, const std::function<Mod
       replica.ddp = std::make_unique<DistributedDataParallel<Model>>(replica.model, world, ddp_options);
     }
     replica.optimizer = std::make_unique<torch::optim::SGD>(replica.model->parameters(),
-                                                            torch::optim::SGDOptions(kLearningRate));
+                                                            torch::optim::SGDOptions(kSgdLearningRate));
     replicas.push_back(std::move(replica));
   }
   const int64_t parameters = models::parameter_count(*replicas.front().model);
@@ -186,20 +186,6 @@ void print_results(const std::vector<Result>& results) {
     std::printf("%14.2f\n", r.bytes_sent_per_step / double(1 << 20));
   }
   std::fflush(stdout);
-}
-
-bool write_json(const std::string& path, const nlohmann::json& document) {
-  // Written beside the target and renamed, so a reader never sees half a file.
-  const std::string partial = path + ".partial";
-  {
-    std::ofstream out(partial);
-    out << document.dump(2) << "\n";
-    if (!out) {
-      std::remove(partial.c_str());
-      return false;
-    }
-  }
-  return std::rename(partial.c_str(), path.c_str()) == 0;
 }
 
 }  // namespace
@@ -254,7 +240,7 @@ int bench_ddp_rank(const BenchDDPOptions& options) {
                                   {"rounds", options.rounds},
                                   {"warmup", options.warmup},
                                   {"results", rows}};
-    if (!write_json(options.json_path, document)) {
+    if (!write_json_file(options.json_path, document)) {
       std::cerr << "dtrain: cannot write " << options.json_path << std::endl;
       return 1;
     }

@@ -1,6 +1,7 @@
 #include "bench_fsdp.h"
 
 #include "launch.h"
+#include "json_file.h"
 #include "relaunch.h"
 
 #include "dtrain/comm.h"
@@ -59,7 +60,7 @@ models::GPTConfig speed_config() {
 }
 constexpr int64_t kSpeedBatch = 4;  // per rank
 constexpr int kSpeedWorld = 2;
-constexpr double kLearningRate = 1e-4;
+constexpr double kAdamWLearningRate = 1e-4;
 constexpr double kWeightDecay = 0.01;
 // Per rank, what the tracking allocator does not see (LibTorch and MPI
 // themselves, thread stacks), for deciding which runs fit the machine.
@@ -73,20 +74,6 @@ constexpr int kPrefetchTuningSteps = 3;
 using Clock = SteadyClock;
 double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
 double mib(double bytes) { return bytes / (1024.0 * 1024); }
-
-bool write_json(const std::string& path, const nlohmann::json& document) {
-  // Written beside the target and renamed, so a reader never sees half a file.
-  const std::string partial = path + ".partial";
-  {
-    std::ofstream out(partial);
-    out << document.dump(2) << "\n";
-    if (!out) {
-      std::remove(partial.c_str());
-      return false;
-    }
-  }
-  return std::rename(partial.c_str(), path.c_str()) == 0;
-}
 
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
@@ -162,7 +149,7 @@ std::unique_ptr<Run> make_run(const std::string& mode, const models::GPTConfig& 
     run->fsdp = std::make_unique<FullyShardedDataParallel<models::GPT>>(run->model, world, options);
   }
   run->optimizer = std::make_unique<torch::optim::AdamW>(
-      run->model->parameters(), torch::optim::AdamWOptions(kLearningRate).weight_decay(kWeightDecay));
+      run->model->parameters(), torch::optim::AdamWOptions(kAdamWLearningRate).weight_decay(kWeightDecay));
   return run;
 }
 
@@ -253,7 +240,7 @@ int memory_job(const BenchFSDPOptions& options, const CommPtr& world) {
                                   {"threads_per_rank", at::get_num_threads()},
                                   {"backend", world->backend_name()},
                                   {"rows", rows}};
-    if (!write_json(options.job_json, document)) throw std::runtime_error("cannot write " + options.job_json);
+    if (!write_json_file(options.job_json, document)) throw std::runtime_error("cannot write " + options.job_json);
   }
   return 0;
 }
@@ -320,7 +307,7 @@ int speed_job(const BenchFSDPOptions& options, const CommPtr& world) {
                                   {"warmup", options.warmup},
                                   {"optimizer", "adamw"},
                                   {"rows", rows}};
-    if (!write_json(options.job_json, document)) throw std::runtime_error("cannot write " + options.job_json);
+    if (!write_json_file(options.job_json, document)) throw std::runtime_error("cannot write " + options.job_json);
   }
   return 0;
 }
@@ -473,7 +460,7 @@ int bench_fsdp(const BenchFSDPOptions& options, const std::vector<std::string>& 
     print_speed_table(document["speed"]);
   }
 
-  if (!options.json_path.empty() && !write_json(options.json_path, document)) {
+  if (!options.json_path.empty() && !write_json_file(options.json_path, document)) {
     std::cerr << "dtrain: cannot write " << options.json_path << std::endl;
     return 1;
   }

@@ -8,6 +8,7 @@
 // pinned LibTorch, and the backward workspaces are rounded from the same
 // measurements. A kernel that changes what it saves changes them.
 #include "dtrain/plan.h"
+#include "plan/plan_internal.h"
 
 #include <c10/core/ScalarType.h>
 
@@ -19,8 +20,8 @@
 namespace dtrain::plan {
 namespace {
 
-constexpr int64_t kFloatBytes = 4;
-constexpr int64_t kLongBytes = 8;
+using detail::kFloatBytes;
+using detail::kLongBytes;
 constexpr int64_t kImageSide = 28;
 constexpr int64_t kPixels = kImageSide * kImageSide;
 constexpr int64_t kClasses = 10;

@@ -7,6 +7,7 @@
 // tests/plan checks the whole against the tracking allocator on every mesh.
 #include "dtrain/plan.h"
 #include "dtrain/tp_gpt.h"
+#include "plan/plan_internal.h"
 
 #include <c10/core/ScalarType.h>
 
@@ -16,10 +17,10 @@
 namespace dtrain::plan {
 namespace {
 
-constexpr int64_t kFloatBytes = 4;
-constexpr int64_t kLongBytes = 8;
+using detail::kFloatBytes;
+using detail::kLongBytes;
 
-void add_linear(UnitSpec& unit, const std::string& prefix, int64_t weight, int64_t bias) {
+void add_split_linear(UnitSpec& unit, const std::string& prefix, int64_t weight, int64_t bias) {
   unit.parameters.push_back({prefix + ".weight", weight});
   unit.parameters.push_back({prefix + ".bias", bias});
 }
@@ -67,12 +68,12 @@ ModelSpec describe_tp_gpt(const models::GPTConfig& config, int64_t batch_per_ran
     block.name = prefix;
     block.parameters.push_back({prefix + ".ln_1.weight", C});
     block.parameters.push_back({prefix + ".ln_1.bias", C});
-    add_linear(block, prefix + ".qkv", 3 * C / n * C, 3 * C / n);
-    add_linear(block, prefix + ".attn_proj", C * (C / n), C);
+    add_split_linear(block, prefix + ".qkv", 3 * C / n * C, 3 * C / n);
+    add_split_linear(block, prefix + ".attn_proj", C * (C / n), C);
     block.parameters.push_back({prefix + ".ln_2.weight", C});
     block.parameters.push_back({prefix + ".ln_2.bias", C});
-    add_linear(block, prefix + ".mlp_fc", 4 * C / n * C, 4 * C / n);
-    add_linear(block, prefix + ".mlp_proj", C * (4 * C / n), C);
+    add_split_linear(block, prefix + ".mlp_fc", 4 * C / n * C, 4 * C / n);
+    add_split_linear(block, prefix + ".mlp_proj", C * (4 * C / n), C);
     // Split by tp: q, k, v (3C), attention's output (C), mlp_fc's and
     // gelu's outputs (4C each). Whole per token: the two column-parallel
     // layers' inputs (ln_1's and ln_2's outputs, gathered under sequence

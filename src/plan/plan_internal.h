@@ -9,6 +9,10 @@
 
 namespace dtrain::plan::detail {
 
+// Bytes of the float32 and int64 tensors a model description counts.
+inline constexpr int64_t kFloatBytes = 4;
+inline constexpr int64_t kLongBytes = 8;
+
 // What the planner needs to know of the run, resolved from PlanOptions.
 struct Layout {
   bool ddp = false;

@@ -17,7 +17,7 @@ using dtrain::models::Llama;
 using dtrain::models::LlamaConfig;
 using dtrain::models::LlamaImpl;
 
-LlamaConfig tiny_config() {
+LlamaConfig tiny_llama_config() {
   LlamaConfig config;
   config.vocab_size = 50;
   config.seq_len = 16;
@@ -31,27 +31,27 @@ LlamaConfig tiny_config() {
 
 TEST(Llama, NamesShapesAndParameterCount) {
   torch::manual_seed(0);
-  Llama llama(tiny_config());
+  Llama llama(tiny_llama_config());
   const auto parameters = llama->named_parameters();
   EXPECT_EQ(parameters["embed_tokens.weight"].sizes(), torch::IntArrayRef({50, 32}));
   EXPECT_EQ(parameters["layers.1.self_attn.k_proj.weight"].sizes(), torch::IntArrayRef({16, 32}));  // 2 kv heads of 8
   EXPECT_EQ(parameters["layers.0.mlp.down_proj.weight"].sizes(), torch::IntArrayRef({32, 48}));
   EXPECT_TRUE(parameters["norm.weight"].eq(1).all().item<bool>());
   EXPECT_EQ(parameters["lm_head.weight"].sizes(), torch::IntArrayRef({50, 32}));
-  EXPECT_EQ(dtrain::models::parameter_count(*llama), LlamaImpl::parameter_count(tiny_config()));
-  auto tied = tiny_config();
+  EXPECT_EQ(dtrain::models::parameter_count(*llama), LlamaImpl::parameter_count(tiny_llama_config()));
+  auto tied = tiny_llama_config();
   tied.tie_embeddings = true;
   Llama tied_model(tied);
   EXPECT_EQ(tied_model->named_parameters().find("lm_head.weight"), nullptr);
   EXPECT_EQ(dtrain::models::parameter_count(*tied_model), LlamaImpl::parameter_count(tied));
-  EXPECT_EQ(LlamaImpl::parameter_count(tiny_config()) - LlamaImpl::parameter_count(tied), 50 * 32);
+  EXPECT_EQ(LlamaImpl::parameter_count(tiny_llama_config()) - LlamaImpl::parameter_count(tied), 50 * 32);
   auto logits = llama->forward(torch::randint(0, 50, {3, 10}, torch::kLong));
   EXPECT_EQ(logits.sizes(), torch::IntArrayRef({3, 10, 50}));
 }
 
 TEST(Llama, IsCausal) {
   torch::manual_seed(0);
-  Llama llama(tiny_config());
+  Llama llama(tiny_llama_config());
   auto tokens = torch::randint(0, 50, {2, 12}, torch::kLong);
   auto changed = tokens.clone();
   const int64_t t = 5;
@@ -79,8 +79,8 @@ TEST(Llama, RotaryTablesTurnFeaturePairsByPositionTimesFrequency) {
 // plain multi-head attention: a model with kv heads repeated by hand equals it.
 TEST(Llama, GroupedQueryHeadsShareKeysAndValues) {
   torch::manual_seed(1);
-  Llama grouped(tiny_config());
-  auto full_config = tiny_config();
+  Llama grouped(tiny_llama_config());
+  auto full_config = tiny_llama_config();
   full_config.n_kv_head = 4;
   Llama full(full_config);
   torch::NoGradGuard no_grad;
@@ -100,12 +100,12 @@ TEST(Llama, GroupedQueryHeadsShareKeysAndValues) {
 
 TEST(Llama, DeferredConstructionGivesTheSameWeights) {
   torch::manual_seed(4);
-  Llama plain(tiny_config());
+  Llama plain(tiny_llama_config());
   torch::manual_seed(4);
   Llama later{nullptr};
   {
     dtrain::DeferredConstruction deferred;
-    later = Llama(tiny_config());
+    later = Llama(tiny_llama_config());
   }
   EXPECT_TRUE(dtrain::has_deferred_storage(*later));
   dtrain::materialize(*later);
@@ -115,13 +115,13 @@ TEST(Llama, DeferredConstructionGivesTheSameWeights) {
 }
 
 TEST(Llama, RejectsBadConfigs) {
-  auto config = tiny_config();
+  auto config = tiny_llama_config();
   config.n_kv_head = 3;
   EXPECT_THROW(Llama{config}, std::invalid_argument);
-  config = tiny_config();
+  config = tiny_llama_config();
   config.dim = 36;  // heads of 9: odd, rotary embeddings need pairs
   EXPECT_THROW(Llama{config}, std::invalid_argument);
-  EXPECT_THROW(Llama(tiny_config())->forward(torch::zeros({1, 17}, torch::kLong)), c10::Error);
+  EXPECT_THROW(Llama(tiny_llama_config())->forward(torch::zeros({1, 17}, torch::kLong)), c10::Error);
 }
 
 }  // namespace
