@@ -12,6 +12,6 @@ DTRAIN_LIBRARY_PACKAGES=(
 )
 # Tools for building and running here (a GPU machine brings its own compiler,
 # CMake and Python).
-DTRAIN_TOOL_PACKAGES=(build-essential cmake pkg-config python3 python3-venv ccache openmpi-bin)
+DTRAIN_TOOL_PACKAGES=(build-essential cmake ninja-build pkg-config python3 python3-venv ccache openmpi-bin)
 # Data sets and plotting for the tests, the demo and the benchmarks.
 DTRAIN_DATA_PACKAGES=(dataset-fashion-mnist fortunes gnuplot-nox)
