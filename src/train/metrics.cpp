@@ -26,6 +26,7 @@ nlohmann::ordered_json final_record(const TrainConfig& config, const TrainResult
           {"model", config.model},
           {"activation_checkpointing", config.activation_checkpointing},
           {"parameters", parameters},
+          {"batch_size", config.batch_size},
           {"step_time_s_median", result.step_time_s_median},
           {"peak_memory_bytes", result.peak_memory_bytes},
           {"construction_peak_bytes", result.construction_peak_bytes},
