@@ -81,10 +81,11 @@ asan:
 	# like leaks and std::vector annotations cross the boundary, hence the options.
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=0:detect_container_overflow=0 ctest --output-on-failure --timeout 900
 
-# Training to accuracy and throughput (issue 5): about 6 minutes on 2 cores;
-# then check-multihost's and check-fresh-machine's checks, and the GPU kit
-# built and run dry on this machine (tests/long/check_gpu_kit.sh, ~25 min).
-# It starts with the tests that left `make test` (label "long").
+# First the 77 tests `make test` leaves out (label "long", tests/test_tiers.cmake;
+# 945 s of test time on 2 cores), then training to accuracy and throughput
+# (issue 5): about 6 minutes; then check-multihost's and check-fresh-machine's
+# checks, and the GPU kit built and run dry on this machine
+# (tests/long/check_gpu_kit.sh, ~25 min).
 check-long: build
 	cd $(BUILD) && rm -f ctest-junit-long.xml && status=0 && \
 	$(CTEST) -L long --output-junit ctest-junit-long.xml || status=$$?; \
