@@ -17,7 +17,7 @@ setup:
 	echo $$(( $$(date +%s) - start )) > $(BUILD)/.seconds-setup
 
 # Prints the build's wall time last, so a slower build shows in every run
-# (CI's included); `make test` then ends with ctest's "Total Test time".
+# (CI's included); `make test` then ends with setup, build and test times.
 #
 # A new build folder uses Ninja where it is installed (scripts/setup installs
 # it): it keeps every core busy to the last link, where make's recursive

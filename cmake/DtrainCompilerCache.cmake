@@ -10,10 +10,11 @@
 #
 # Depend mode (CCACHE_DEPEND=1): on a miss ccache compiles once and takes the
 # file list from the compiler's own -MD output, instead of first running the
-# preprocessor over LibTorch's headers to hash its output. With the unity
-# build's large translation units that preprocessor pass cost a clean build
-# with an empty cache about 110 s on 2 cores (issue 37); hits are found the
-# same way as before (direct mode).
+# preprocessor over LibTorch's headers to hash its output; hits are found the
+# same way as before (direct mode). Even so, an empty cache costs a clean
+# build time: 725 s with it against 643 s with ccache off, on 2 cores
+# (2026-12-05, docs/PERFORMANCE.md "Build and test time"). The unity sources
+# name their files by absolute path, so a clone at another path misses.
 # -DDTRAIN_CCACHE=OFF turns it off (e.g. to time a build without it).
 option(DTRAIN_CCACHE "Compile through ccache when it is installed" ON)
 find_program(DTRAIN_CCACHE_PROGRAM ccache)
