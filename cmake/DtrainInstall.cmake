@@ -1,9 +1,10 @@
 # `cmake --install` lays out headers, the library, the CLI and a package
-# config, so another project can `find_package(dtrain)` and link dtrain::dtrain.
+# config, so another project can `find_package(dtrain)` and link dtrain::dtrain
+# (and dtrain::cli, the command line for a program's own models: dtrain/cli.h).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-install(TARGETS dtrain dtrain_torch EXPORT dtrainTargets
+install(TARGETS dtrain dtrain_torch dtrain_cli_lib EXPORT dtrainTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

@@ -34,7 +34,7 @@ OWNER = {
     "ddp.h": "ddp", "comm_hooks.h": "ddp", "sync_batch_norm.h": "ddp",
     "fsdp.h": "fsdp", "ps.h": "ps",
     "checkpoint.h": "checkpoint", "checkpoint_manifest.h": "checkpoint", "hugging_face.h": "checkpoint", "safetensors.h": "checkpoint",
-    "plan.h": "plan", "train.h": "train",
+    "plan.h": "plan", "train.h": "train", "model_spec.h": "train", "trainer.h": "train",
 }
 
 # (from layer, to layer): why it is still there and how it goes away.

@@ -1,4 +1,8 @@
 #include "plan.h"
+#include "train.h"
+#include "dtrain/model_spec.h"
+#include "dtrain/train.h"
+#include "train/plan_model.h"
 
 #include "dtrain/pipeline.h"
 #include "dtrain/plan.h"
@@ -53,6 +57,7 @@ struct Resolved {
   int rank = 0;               // in the world
   // --pp: the model of each stage (the planned rank's is `model`).
   std::vector<plan::ModelSpec> stages;
+  std::string activations;  // where the activations came from (train::PlannedModel)
 };
 
 // The mesh's coordinates of a world rank: dp outermost, tp innermost (as
@@ -104,7 +109,8 @@ Resolved resolve(const PlanFlags& f) {
     throw std::invalid_argument("--sequence-parallel splits tensor parallelism's activations along the sequence: it needs --tp N");
   // The engine runs over the dp ranks; the tp ranks of one dp group share its batch part.
   const int dp = f.nproc / (f.tp * f.pp);
-  r.global_batch = f.batch_size > 0 ? f.batch_size : (gpt ? 32 : 128);
+  const bool sequences = find_model(f.model).token_sequences;
+  r.global_batch = f.batch_size > 0 ? f.batch_size : (sequences ? 32 : 128);
   if (r.global_batch < dp)
     throw std::invalid_argument("--batch-size " + std::to_string(r.global_batch) +
                                 " is the global batch and must be at least --nproc (" + std::to_string(dp) +
@@ -175,7 +181,7 @@ Resolved resolve(const PlanFlags& f) {
   r.options.fsdp.max_inflight_reductions = f.max_inflight_reductions;
   r.options.init_from = !f.init_from.empty();
   r.options.checkpoint_async = f.checkpoint_async;
-  r.optimizer = f.optimizer.empty() ? (gpt ? "adamw" : "sgd") : f.optimizer;
+  r.optimizer = f.optimizer.empty() ? (sequences ? "adamw" : "sgd") : f.optimizer;
   r.options.optimizer = plan::optimizer_from(r.optimizer, f.momentum);
 
   const auto compute = r.options.fsdp.mixed_precision.param_dtype;
@@ -194,8 +200,24 @@ Resolved resolve(const PlanFlags& f) {
     r.model = r.stages[static_cast<size_t>(pp_coordinate(f, f.rank))];
     return r;
   }
-  r.model = f.tp > 1 ? plan::describe_tp_gpt(gpt_config, per_rank, compute, f.tp, f.sequence_parallel)
-                      : plan::describe_model(f.model, gpt_config, f.mlp_hidden, per_rank, compute);
+  // The model's spec describes it, or the model is measured (train::plan_model).
+  TrainConfig config;
+  config.model = f.model;
+  config.model_options = f.model_options;
+  config.mlp_hidden = f.mlp_hidden;
+  config.gpt_layers = f.gpt_layers;
+  config.gpt_dim = f.gpt_dim;
+  config.gpt_heads = f.gpt_heads;
+  config.seq_len = f.seq_len;
+  config.vocab_size = f.vocab_size;
+  config.tp = f.tp;
+  config.sequence_parallel = f.sequence_parallel;
+  config.batch_size = r.global_batch;
+  config.data = sequences ? "text:/usr/share/games/fortunes" : "fashion-mnist";  // dtrain train's defaults
+  if (const ModelSpec& spec = find_model(f.model); spec.check) spec.check(config);
+  train::PlannedModel planned = train::plan_model(config, per_rank, compute, /*probe=*/true, dp);
+  r.model = std::move(planned.model);
+  r.activations = std::move(planned.activations);
   return r;
 }
 
@@ -248,6 +270,7 @@ void print_pipeline(const Resolved& r, const plan::Plan& p) {
 void print(const Resolved& r, const plan::Plan& p) {
   const auto& model = r.model;
   std::printf("dtrain plan: %s\n", model.description.c_str());
+  if (!r.activations.empty()) std::printf("  activations %s\n", r.activations.c_str());
   std::printf("  %.2fM parameters in %zu unit(s)%s\n", model.parameter_count() / 1e6, model.units.size(),
               model.units.size() == 1 ? " (the whole model is the root unit)"
               : r.pp > 1              ? " (the stage's root, wte on the end stages, one per block)"
@@ -338,6 +361,7 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
                 {"per_stage", stages}};
   }
   return {{"model", r.model.description},
+          {"activations_from", r.activations},
           {"parameters", r.model.parameter_count()},
           {"strategy", p.strategy},
           {"nproc", r.nproc},
@@ -372,8 +396,11 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
 
 CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
   auto* cmd = app.add_subcommand("plan", "Predict per-rank peak memory and per-step communication before running");
-  cmd->add_option("--model", f.model, "mlp | cnn | gpt")->check(CLI::IsMember({"mlp", "cnn", "gpt"}))
-      ->capture_default_str();
+  cmd->add_option("--model", f.model, "A registered model (as dtrain train --model): a model with no plan description "
+                                      "of its own (ModelSpec::plan_description) is planned from itself, its activations "
+                                      "measured by a probe step")
+      ->check(kRegisteredModel)->capture_default_str();
+  add_model_options(*cmd, f.model_options);
   cmd->add_option("--mlp-hidden", f.mlp_hidden, "MLP hidden widths, comma-separated")
       ->delimiter(',')->check(at_least(1))->capture_default_str();
   cmd->add_option("--gpt-layers", f.gpt_layers, "GPT transformer blocks")->check(at_least(1))->capture_default_str();

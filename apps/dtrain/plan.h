@@ -9,13 +9,15 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 namespace dtrain::cli {
 
 struct PlanFlags {
-  std::string model = "mlp";  // mlp | cnn | gpt (as dtrain train)
+  std::string model = "mlp";  // a registered model (as dtrain train --model)
+  std::map<std::string, std::string> model_options;  // --model-option KEY=VALUE
   std::vector<int64_t> mlp_hidden{256, 256};
   int64_t gpt_layers = 4;
   int64_t gpt_dim = 128;

@@ -7,6 +7,7 @@
 
 #include "dtrain/comm.h"
 #include "dtrain/fsdp_compression.h"
+#include "dtrain/model_spec.h"
 #include "dtrain/tokenizer.h"
 #include "dtrain/strategy_table.h"
 #include "dtrain/train.h"
@@ -21,6 +22,34 @@
 #include <tuple>
 
 namespace dtrain::cli {
+
+// --model: a name in the model registry (dtrain/model_spec.h), the built-ins
+// and whatever the program registered before dtrain::cli::main.
+const CLI::Validator kRegisteredModel(
+    [](std::string& value) -> std::string {
+      if (has_model(value)) return "";
+      std::string names;
+      for (const auto& name : model_names()) names += (names.empty() ? "" : ", ") + name;
+      return "'" + value + "' is not one of the registered models: " + names;
+    },
+    "MODEL");
+
+CLI::Option* add_model_options(CLI::App& app, std::map<std::string, std::string>& options) {
+  return app
+      .add_option_function<std::vector<std::string>>(
+          "--model-option",
+          [&options](const std::vector<std::string>& pairs) {
+            for (const auto& pair : pairs) {
+              const size_t equals = pair.find('=');
+              if (equals == std::string::npos || equals == 0)
+                throw CLI::ValidationError("--model-option", "'" + pair + "' is not KEY=VALUE");
+              options[pair.substr(0, equals)] = pair.substr(equals + 1);
+            }
+          },
+          "KEY=VALUE for a model of one's own (its spec reads TrainConfig::model_options); repeatable")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
 namespace {
 
 // LibTorch's errors carry a C++ backtrace in what(); users need the message.
@@ -65,6 +94,15 @@ const CLI::Validator kFraction(
     },
     "[0, 1)");
 
+std::string models_help() {
+  std::string text = "The model to train, one of the registered:";
+  for (const auto& name : model_names()) {
+    const std::string& summary = find_model(name).summary;
+    text += "\n  " + name + (summary.empty() ? "" : ": " + summary);
+  }
+  return text + "\n(default: the --model-config's, else mlp)";
+}
+
 // Flags whose default depends on --model or --optimizer (see resolve_defaults).
 constexpr const char* kModelDefaults = "(default: 128 for mlp and cnn, 32 for gpt)";
 
@@ -83,10 +121,8 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
   app.allow_config_extras(CLI::config_extras_mode::error);
 
   auto* model = app.add_option_group("Model");
-  model->add_option("--model", c.model,
-                    "mlp | cnn | gpt (dtrain's byte-level GPT) | gpt2 (GPT-2: its tanh GELU) | llama (RMSNorm, rotary "
-                    "embeddings, SwiGLU, grouped-query attention) (default: the --model-config's, else mlp)")
-      ->check(CLI::IsMember({"mlp", "cnn", "gpt", "gpt2", "llama"}))->capture_default_str();
+  model->add_option("--model", c.model, models_help())->check(kRegisteredModel)->capture_default_str();
+  add_model_options(*model, c.model_options);
   model->add_option("--model-config", c.model_config,
                     "A Hugging Face config.json (model_type gpt2 or llama) that gives the architecture (default: "
                     "--init-from DIR's config.json)")
@@ -396,7 +432,7 @@ int train_rank(const TrainConfig& config, const CommPtr& world) {
 }  // namespace
 
 CLI::App* add_train_subcommand(CLI::App& app) {
-  auto* train = app.add_subcommand("train", "Train a model (mlp, cnn, gpt) on local ranks or as ranks of a launched job");
+  auto* train = app.add_subcommand("train", "Train a registered model (--model: the built-ins, or a program's own) on local ranks or as ranks of a launched job");
   // The arguments go to train_main, which parses them with their own
   // CLI::App: CLI11 reads --config files only for the app it parses.
   train->prefix_command();

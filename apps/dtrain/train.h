@@ -6,10 +6,17 @@
 
 #include <CLI/CLI.hpp>
 
+#include <map>
 #include <string>
 #include <vector>
 
 namespace dtrain::cli {
+
+// --model's check: a name in the model registry (dtrain/model_spec.h).
+extern const CLI::Validator kRegisteredModel;
+// --model-option KEY=VALUE (repeatable) into `options`: settings for a model
+// of one's own (dtrain train and dtrain plan).
+CLI::Option* add_model_options(CLI::App& app, std::map<std::string, std::string>& options);
 
 // Registers `train` on the dtrain command line. Its arguments are not
 // parsed there: they pass through, untouched, to train_main().

@@ -39,11 +39,17 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
   // are usually built before dtrain::init's communicator is at hand).
   void set_comm(CommPtr comm) { comm_ = std::move(comm); }
 
+  // Take the multi-rank path (global statistics through all-reduces) even
+  // when the group has one rank: what a step of several ranks computes and
+  // holds, for a probe of its memory (`dtrain plan`, src/train/plan_model.cpp).
+  void set_multi_rank_path(bool on) { multi_rank_path_ = on; }
+
   SyncBatchNormOptions options;
   torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
 
  private:
   CommPtr comm_;
+  bool multi_rank_path_ = false;
 };
 TORCH_MODULE(SyncBatchNorm);
 

@@ -18,6 +18,7 @@
 #include <dtrain/comm.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -26,10 +27,15 @@
 namespace dtrain {
 
 struct TrainConfig {
-  // ---- model
-  // mlp | cnn | gpt (dtrain's byte-level GPT) | gpt2 (GPT-2: the GPT with
-  // the tanh GELU) | llama (models::Llama)
+  // ---- model: a name in the model registry (dtrain/model_spec.h). Built
+  // in: mlp | cnn | gpt (dtrain's byte-level GPT) | gpt2 (GPT-2: the GPT
+  // with the tanh GELU) | llama (models::Llama); a program adds its own with
+  // dtrain::register_model. The sizes below are the built-ins'; a model of
+  // one's own reads what it needs from model_options.
   std::string model = "mlp";
+  // --model-option KEY=VALUE: settings for a registered model of one's own
+  // (its spec reads them; dtrain only keeps them in checkpoints' run description).
+  std::map<std::string, std::string> model_options;
   std::vector<int64_t> mlp_hidden{256, 256};
   // The transformers' sizes (gpt, gpt2, llama): blocks, width, query heads.
   int64_t gpt_layers = 4;
@@ -247,8 +253,8 @@ void apply_model_config(TrainConfig& config);
 // The config.json apply_model_config reads: config.model_config, else
 // config.init_from's when that is a model directory; "" for none.
 std::string model_config_path(const TrainConfig& config);
-// gpt, gpt2, llama: the transformers, which train on token sequences (text
-// and token data), write samples and may come from a config.json.
+// Whether --model names a registered model that trains on token sequences
+// (ModelSpec::token_sequences: text and token data, samples at the end).
 bool is_language_model(const std::string& model);
 
 // Throws std::invalid_argument naming --init-from unless config.init_from is

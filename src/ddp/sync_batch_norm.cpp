@@ -56,7 +56,7 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& x) {
     throw std::invalid_argument("SyncBatchNorm: expected input [N, " + std::to_string(options.num_features) +
                                 ", ...], got " + c10::str(x.sizes()));
   }
-  const bool distributed = is_training() && comm_ && comm_->size() > 1;
+  const bool distributed = is_training() && comm_ && (comm_->size() > 1 || multi_rank_path_);
   if (!distributed) {
     if (is_training()) num_batches_tracked.add_(1);
     return torch::batch_norm(x, weight, bias, running_mean, running_var, is_training(), options.momentum,

@@ -30,12 +30,27 @@ void check_positive(const char* flag, int64_t value) {
   if (value < 1) fail(std::string(flag) + " must be at least 1, got " + std::to_string(value));
 }
 
-void check_data(const TrainConfig& c) {
+// The registered models that train on --data's token sequences (or on its
+// images), as "--model a, b or c", for the messages that suggest one.
+std::string models_for(bool token_sequences) {
+  std::vector<std::string> names;
+  for (const auto& name : model_names()) {
+    const ModelSpec& spec = find_model(name);
+    if (!spec.data && spec.token_sequences == token_sequences) names.push_back(name);
+  }
+  std::string text = "--model ";
+  for (size_t i = 0; i < names.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return text;
+}
+
+void check_data(const TrainConfig& c, const ModelSpec& spec) {
   namespace fs = std::filesystem;
+  if (spec.data) return;  // the spec brings its own datasets (ModelSpec::data)
   const std::string path = train::text_path(c.data);
   if (c.data == "fashion-mnist") {
-    if (is_language_model(c.model))
-      fail("--data fashion-mnist holds images, for --model mlp or cnn; --model " + c.model +
+    if (spec.token_sequences)
+      fail("--data fashion-mnist holds images, for " + models_for(false) + "; --model " + c.model +
            " needs --data text:PATH or tokens:PATH");
     if (!fs::is_directory(c.fashion_mnist_dir))
       fail("Fashion-MNIST is not installed in " + c.fashion_mnist_dir +
@@ -44,8 +59,9 @@ void check_data(const TrainConfig& c) {
   }
   const std::string tokens = train::tokens_path(c.data);
   if (!tokens.empty()) {
-    if (!is_language_model(c.model))
-      fail("--data tokens:PATH holds token ids, for --model gpt, gpt2 or llama; --model " + c.model + " needs --data fashion-mnist");
+    if (!spec.token_sequences)
+      fail("--data tokens:PATH holds token ids, for " + models_for(true) + "; --model " + c.model +
+           " needs --data fashion-mnist");
     std::error_code error;
     if (!fs::exists(tokens, error)) fail("--data tokens:" + tokens + ": no such file or folder");
     if (c.samples > 0 && c.tokenizer.empty())
@@ -66,8 +82,8 @@ void check_data(const TrainConfig& c) {
   }
   if (c.token_dtype != "auto") fail("--token-dtype says how --data tokens:PATH stores its ids; --data " + c.data + " has none");
   if (path.empty()) fail("--data '" + c.data + "' is not one of: fashion-mnist, text:PATH (a text file or folder), tokens:PATH");
-  if (!is_language_model(c.model))
-    fail("--data text:PATH is text, for --model gpt, gpt2 or llama; --model " + c.model + " needs --data fashion-mnist");
+  if (!spec.token_sequences)
+    fail("--data text:PATH is text, for " + models_for(true) + "; --model " + c.model + " needs --data fashion-mnist");
   if (c.vocab_size < 256)
     fail("--data text:PATH trains on bytes (ids 0-255): --vocab-size " + std::to_string(c.vocab_size) +
          " is too small (use 256)");
@@ -190,20 +206,18 @@ void check_ps_and_straggler_flags(const TrainConfig& c, int world_size) {
 }
 // --tp N: a (dp, tp) mesh of GPT ranks (dtrain/tp_gpt.h). What it does not
 // combine with yet is refused here, naming the flag.
-void check_tensor_parallel_flags(const TrainConfig& c, int world_size) {
+void check_tensor_parallel_flags(const TrainConfig& c, const ModelSpec& spec, int world_size) {
   if (c.tp < 1) fail("--tp must be >= 1, got " + std::to_string(c.tp));
   if (c.sequence_parallel && c.tp == 1)
     fail("--sequence-parallel splits tensor parallelism's activations along the sequence: it needs --tp N with N > 1");
   if (c.tp == 1) return;
   const std::string tp = "--tp " + std::to_string(c.tp);
-  if (!train::is_gpt_family(c.model))
-    fail(tp + " splits the GPT's blocks: it needs --model gpt or gpt2 (got --model " + c.model +
-         (c.model == "llama" ? "; llama's tensor-parallel layers are not built yet)" : ")"));
+  if (!spec.tensor_parallel)
+    fail(tp + " needs ModelSpec::tensor_parallel, the model's split into tensor-parallel layers, which --model " +
+         c.model + "'s spec does not have");
   if (world_size % c.tp != 0)
     fail(tp + " does not divide the " + std::to_string(world_size) + " ranks (--nproc): the ranks form a (dp, tp) "
          "mesh with dp = ranks / tp");
-  if (c.gpt_heads % c.tp != 0)
-    fail(tp + " does not divide --gpt-heads " + std::to_string(c.gpt_heads) + " (each rank computes whole heads)");
   if (c.sequence_parallel && c.seq_len % c.tp != 0)
     fail("--sequence-parallel with " + tp + " needs --seq-len divisible by " + std::to_string(c.tp) + ", got " +
          std::to_string(c.seq_len));
@@ -219,7 +233,7 @@ void check_tensor_parallel_flags(const TrainConfig& c, int world_size) {
 
 // --pp N: a (dp, pp) mesh of GPT stages (dtrain/pipeline.h). What it does
 // not combine with yet is refused here, naming the flag.
-void check_pipeline_flags(const TrainConfig& c, int world_size) {
+void check_pipeline_flags(const TrainConfig& c, const ModelSpec& spec, int world_size) {
   if (c.pp < 1) fail("--pp must be >= 1, got " + std::to_string(c.pp));
   if (c.microbatches < 1) fail("--microbatches must be >= 1, got " + std::to_string(c.microbatches));
   if (!one_of(c.schedule, {"1f1b", "gpipe"})) fail("--schedule '" + c.schedule + "' is not one of: 1f1b, gpipe");
@@ -231,18 +245,15 @@ void check_pipeline_flags(const TrainConfig& c, int world_size) {
     return;
   }
   const std::string pp = "--pp " + std::to_string(c.pp);
-  if (!train::is_gpt_family(c.model))
-    fail(pp + " divides the GPT's blocks into stages: it needs --model gpt or gpt2 (got --model " + c.model +
-         (c.model == "llama" ? "; llama's stages are not built yet)" : ")"));
+  if (!spec.pipeline_stage)
+    fail(pp + " needs ModelSpec::pipeline_stage, the model's division into stages, which --model " + c.model +
+         "'s spec does not have");
   if (c.sequence_parallel)
     fail(pp + " with --sequence-parallel is not available yet (the stages send whole sequences)");
   if (world_size % (c.pp * c.tp) != 0)
     fail(pp + (c.tp > 1 ? " x --tp " + std::to_string(c.tp) : std::string()) + " does not divide the " +
          std::to_string(world_size) + " ranks (--nproc): the ranks form a " +
          (c.tp > 1 ? "(dp, pp, tp) mesh with dp = ranks / (pp x tp)" : "(dp, pp) mesh with dp = ranks / pp"));
-  if (c.gpt_layers < c.pp)
-    fail(pp + " needs at least " + std::to_string(c.pp) + " blocks (one per stage), got --gpt-layers " +
-         std::to_string(c.gpt_layers));
   if (!one_of(c.strategy, {"single", "ddp", "zero1", "zero2", "fsdp", "hsdp"}))
     fail(pp + " combines with --strategy single, ddp, zero1, zero2, fsdp or hsdp (over the dp groups), not " +
          c.strategy);
@@ -262,45 +273,17 @@ void check_pipeline_flags(const TrainConfig& c, int world_size) {
          std::to_string(dp * c.microbatches) + ")");
 }
 
-// --model gpt, gpt2, llama: the sizes fit together.
-void check_transformer_flags(const TrainConfig& c) {
-  check_positive("--gpt-layers", c.gpt_layers);
-  check_positive("--gpt-dim", c.gpt_dim);
-  check_positive("--gpt-heads", c.gpt_heads);
-  check_positive("--seq-len", c.seq_len);
-  if (c.gpt_dim % c.gpt_heads != 0)
-    fail("--gpt-heads " + std::to_string(c.gpt_heads) + " must divide --gpt-dim " + std::to_string(c.gpt_dim));
-  if (c.positions > 0 && c.seq_len > c.positions)
-    fail("--seq-len " + std::to_string(c.seq_len) + " is longer than the model's context of " +
-         std::to_string(c.positions) + " positions" + (c.model_config.empty() && c.model_config_json.empty() ? "" : " (its config.json)") +
-         ": train on windows of at most " + std::to_string(c.positions));
-  if (!(c.norm_eps >= 0.0)) fail("the normalisation's epsilon must be positive");
-  if (c.model != "llama") {
-    if (c.kv_heads != 0 || c.ffn_dim != 0 || c.rope_theta != 10000.0 || c.tie_embeddings)
-      fail("--kv-heads, --ffn-dim, --rope-theta and --tie-embeddings describe --model llama, not --model " + c.model);
-    return;
-  }
-  if (c.kv_heads < 0 || c.ffn_dim < 0) fail("--kv-heads and --ffn-dim must be >= 0 (0: the default)");
-  const int64_t kv = c.kv_heads > 0 ? c.kv_heads : c.gpt_heads;
-  if (c.gpt_heads % kv != 0)
-    fail("--kv-heads " + std::to_string(kv) + " must divide --gpt-heads " + std::to_string(c.gpt_heads) +
-         " (each key/value head serves gpt-heads / kv-heads query heads)");
-  if ((c.gpt_dim / c.gpt_heads) % 2 != 0)
-    fail("llama's head width --gpt-dim / --gpt-heads = " + std::to_string(c.gpt_dim / c.gpt_heads) +
-         " must be even (rotary embeddings rotate pairs of features)");
-  if (!(c.rope_theta > 0.0)) fail("--rope-theta must be positive, got " + std::to_string(c.rope_theta));
-}
-
 // --activation-checkpointing on (the strategy is checked with the others:
 // train::check_strategy): what FSDP's recompute covers in this run.
-void check_activation_checkpointing(const TrainConfig& c, const torch::Device& device) {
+void check_activation_checkpointing(const TrainConfig& c, const ModelSpec& spec, const torch::Device& device) {
   if (!c.activation_checkpointing) return;
   const std::string flag = "--activation-checkpointing on";
   // Only units other than the root are recomputed (FSDPOptions::
-  // activation_checkpointing); mlp and cnn are one unit, the root.
-  if (!is_language_model(c.model))
-    fail(flag + " recomputes the transformer blocks (the FSDP units) in their backward: it needs --model gpt, gpt2 "
-         "or llama; --model " + c.model + " is a single unit, the root, which keeps its activations");
+  // activation_checkpointing); a model without declared blocks is one unit, the root.
+  if (!spec.checkpointable_blocks)
+    fail(flag + " recomputes the model's blocks (its FSDP units) in their backward: it needs a model whose spec "
+         "declares them (ModelSpec::checkpointable_blocks); --model " + c.model +
+         " is a single unit, the root, which keeps its activations");
   if (c.tp > 1)
     fail(flag + " with --tp " + std::to_string(c.tp) + " is not available yet: leave one of them out");
   // A stage's units are gathered for the whole step (FullyShardedBase::
@@ -321,17 +304,12 @@ void check_activation_checkpointing(const TrainConfig& c, const torch::Device& d
 }  // namespace
 
 void check_train_config(const TrainConfig& c, int world_size) {
-  check_tensor_parallel_flags(c, world_size);
-  check_pipeline_flags(c, world_size);
+  const ModelSpec& spec = find_model(c.model);  // an unknown --model: the registered ones named
+  check_tensor_parallel_flags(c, spec, world_size);
+  check_pipeline_flags(c, spec, world_size);
   // The ranks that read data and run --strategy: the dp groups of the mesh.
   const int data_ranks = world_size / std::max(1, c.tp * c.pp);
-  if (!one_of(c.model, {"mlp", "cnn", "gpt", "gpt2", "llama"}))
-    fail("--model '" + c.model + "' is not one of: mlp, cnn, gpt, gpt2, llama");
-  if (c.model == "mlp") {
-    if (c.mlp_hidden.empty()) fail("--mlp-hidden needs at least one width, e.g. 256,256");
-    for (int64_t width : c.mlp_hidden) check_positive("--mlp-hidden widths", width);
-  }
-  if (is_language_model(c.model)) check_transformer_flags(c);
+  if (spec.check) spec.check(c);
   if (!(c.dropout >= 0.0 && c.dropout < 1.0)) fail("--dropout must be in [0, 1), got " + std::to_string(c.dropout));
   if (!c.init_from.empty()) {
     namespace fs = std::filesystem;
@@ -340,10 +318,11 @@ void check_train_config(const TrainConfig& c, int world_size) {
     if (fs::is_directory(c.init_from, error) && !hf::is_model_directory(c.init_from))
       fail("--init-from " + c.init_from + " is a folder without config.json; give a .safetensors file or a Hugging Face "
            "model directory");
-    if (hf::is_model_directory(c.init_from) && !is_language_model(c.model))
-      fail("--init-from " + c.init_from + " is a Hugging Face model directory: it initialises --model gpt, gpt2 or llama");
+    if (hf::is_model_directory(c.init_from) && !spec.hugging_face)
+      fail("--init-from " + c.init_from + " is a Hugging Face model directory, and --model " + c.model +
+           "'s spec does not read one (ModelSpec::hugging_face)");
   }
-  check_data(c);
+  check_data(c, spec);
 
   // --device cuda on a machine without a GPU, or with a CPU-only strategy
   const torch::Device device = train::resolve_device(c);
@@ -351,7 +330,7 @@ void check_train_config(const TrainConfig& c, int world_size) {
                          .reduce_dtype = c.reduce_dtype, .fsdp_prefetch = c.fsdp_prefetch,
                          .fsdp_compress = c.fsdp_compress, .activation_checkpointing = c.activation_checkpointing},
                         data_ranks);
-  check_activation_checkpointing(c, device);
+  check_activation_checkpointing(c, spec, device);
   check_features(c, strategy_info(c.strategy));
   check_ps_and_straggler_flags(c, world_size);
 

@@ -2,6 +2,7 @@
 
 #include "dtrain/plan.h"
 #include "train/model.h"
+#include "train/plan_model.h"
 #include "train/progress.h"
 #include "dtrain/strategy_table.h"
 #include "train/strategy.h"
@@ -30,10 +31,8 @@ plan::Plan plan_for(const TrainConfig& config, const std::string& strategy, int 
   options.checkpoint_async = config.checkpoint_async;
   const int64_t batch_per_rank = (config.batch_size + dp - 1) / dp;
   const auto compute = sharded ? options.fsdp.mixed_precision.param_dtype : torch::kFloat32;
-  const auto model =
-      config.tp > 1 ? plan::describe_tp_gpt(gpt_config(config), batch_per_rank, compute, config.tp, config.sequence_parallel)
-                    : plan::describe_model(config.model, gpt_config(config), config.mlp_hidden, batch_per_rank, compute);
-  return plan::make_plan(model, options);
+  // The spec's description only: a probe would allocate and run the model (plan_model.h).
+  return plan::make_plan(plan_model(config, batch_per_rank, compute, /*probe=*/false).model, options);
 }
 
 std::string construction_advice(const TrainConfig& config, int world_size) {
@@ -54,7 +53,7 @@ std::string step_advice(const TrainConfig& config) {
     const std::string full_sharding = sharding == Sharding::OptimizerOnly || sharding == Sharding::GradOp
                                           ? "--strategy fsdp (it frees each unit's gathered weights after its forward), "
                                           : "";
-    const std::string recompute = is_language_model(config.model) && !config.activation_checkpointing && config.tp == 1 &&
+    const std::string recompute = model_spec(config).checkpointable_blocks && !config.activation_checkpointing && config.tp == 1 &&
                                           config.pp == 1
                                       ? "--activation-checkpointing on, "
                                       : "";

@@ -1,6 +1,7 @@
 // apply_model_config (include/dtrain/train.h): a Hugging Face config.json
 // decides the transformer's architecture.
 #include "dtrain/hugging_face.h"
+#include "dtrain/model_spec.h"
 #include "dtrain/train.h"
 
 #include <filesystem>
@@ -8,7 +9,7 @@
 
 namespace dtrain {
 
-bool is_language_model(const std::string& model) { return model == "gpt" || model == "gpt2" || model == "llama"; }
+bool is_language_model(const std::string& model) { return has_model(model) && find_model(model).token_sequences; }
 
 std::string model_config_path(const TrainConfig& config) {
   if (!config.model_config.empty()) return config.model_config;
@@ -21,7 +22,7 @@ void apply_model_config(TrainConfig& config) {
   const std::string path = model_config_path(config);
   if (path.empty()) return;
   const hf::ModelConfig hf = hf::read_config(path);
-  if (is_language_model(config.model) && config.model != hf.model) {
+  if (has_model(config.model) && find_model(config.model).hugging_face && config.model != hf.model) {
     const std::string why = hf.model == "gpt" && config.model == "gpt2"
                                 ? " (GPT-2's layout with the exact GELU, activation_function \"gelu\": dtrain's own GPT)"
                                 : "";

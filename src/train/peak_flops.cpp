@@ -1,5 +1,6 @@
 #include "train/peak_flops.h"
 
+#include "dtrain/model_spec.h"
 #include "dtrain/train.h"
 #include "train/cuda_runtime.h"
 #include "common/timing.h"
@@ -109,24 +110,9 @@ Probe measure(const torch::Device& device, torch::ScalarType dtype) {
 
 }  // namespace
 
-double matmul_parameters(const TrainConfig& config, int64_t parameters) {
-  if (!is_language_model(config.model)) return static_cast<double>(parameters);
-  const int64_t positions = config.positions > 0 ? config.positions : config.seq_len;
-  int64_t lookups = 0;  // tables read by index: no multiply-adds
-  if (config.model == "gpt" || config.model == "gpt2") {
-    lookups = positions * config.gpt_dim;  // wpe; wte is also the (tied) head, a matrix product
-  } else if (config.model == "llama" && !config.tie_embeddings) {
-    lookups = config.vocab_size * config.gpt_dim;  // embed_tokens; lm_head is its own matrix
-  }
-  return static_cast<double>(parameters - lookups);
-}
-
 double model_flops_per_unit(const TrainConfig& config, int64_t parameters) {
-  const double n = matmul_parameters(config, parameters);
-  if (is_language_model(config.model))
-    return 6 * n + 12.0 * static_cast<double>(config.gpt_layers * config.seq_len * config.gpt_dim);
-  if (config.model == "mlp") return 6 * n;
-  return 0;
+  const ModelSpec& spec = find_model(config.model);
+  return spec.flops_per_unit ? spec.flops_per_unit(config, parameters) : 0;
 }
 
 PeakFlops peak_flops(const TrainConfig& config, const torch::Device& device, torch::ScalarType dtype) {

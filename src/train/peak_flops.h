@@ -27,10 +27,9 @@ namespace dtrain::train {
 // Llama's token embeddings unless they are also its head (GPT's token
 // embeddings are its tied head, so they count). 6 per parameter per sample
 // for the MLP; 0 (unknown) for the CNN, whose convolutions reuse each weight
-// at every position.
+// at every position. The model's spec says (ModelSpec::flops_per_unit; the
+// built-ins' in src/train/builtin_models.cpp); 0 when it has no such hook.
 double model_flops_per_unit(const TrainConfig& config, int64_t parameters);
-// The parameters that take part in a matrix product (as above).
-double matmul_parameters(const TrainConfig& config, int64_t parameters);
 
 struct PeakFlops {
   double flops = 0;    // per second, on one rank's share of the device

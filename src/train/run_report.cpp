@@ -1,6 +1,7 @@
 #include "train/run_report.h"
 
 #include "train/checkpointing.h"
+#include "train/builtin_models.h"
 #include "train/model.h"
 #include "train/progress.h"
 #include "train/stragglers.h"
@@ -31,23 +32,8 @@ std::string per_rank_bytes(const std::vector<int64_t>& bytes) {
 }
 
 std::string describe_model(const TrainConfig& c) {
-  std::ostringstream text;
-  if (c.model == "mlp") {
-    text << "mlp (hidden";
-    for (size_t i = 0; i < c.mlp_hidden.size(); ++i) text << (i == 0 ? " " : ",") << c.mlp_hidden[i];
-    text << ")";
-  } else if (c.model == "llama") {
-    const int64_t kv = c.kv_heads > 0 ? c.kv_heads : c.gpt_heads;
-    text << "llama (" << c.gpt_layers << (c.gpt_layers == 1 ? " layer" : " layers") << ", dim " << c.gpt_dim << ", "
-         << c.gpt_heads << " heads" << (kv != c.gpt_heads ? " sharing " + std::to_string(kv) + " key/value heads" : "")
-         << ", context " << c.seq_len << ", vocab " << c.vocab_size << ")";
-  } else if (c.model == "gpt" || c.model == "gpt2") {
-    text << c.model << " (" << c.gpt_layers << (c.gpt_layers == 1 ? " layer" : " layers") << ", dim " << c.gpt_dim << ", " << c.gpt_heads << " heads, context "
-         << c.seq_len << (c.vocab_size != 256 ? ", vocab " + std::to_string(c.vocab_size) : std::string()) << ")";
-  } else {
-    text << c.model;
-  }
-  return text.str();
+  const ModelSpec& spec = model_spec(c);
+  return spec.describe ? spec.describe(c) : spec.name;
 }
 
 std::string format_eval(const Evaluation& e) {
@@ -117,7 +103,9 @@ std::map<std::string, std::string> run_description(const TrainConfig& c, int64_t
                                                  {"total_steps", std::to_string(total)}};
   // For `dtrain checkpoint inspect`: the mesh it was saved on (any mesh loads it).
   // The architecture as Hugging Face's config.json, for `dtrain checkpoint export --format hf`.
-  if (is_language_model(c.model)) description["hf_config"] = hf::config_json(hf_model_config(c), c.model_config_json);
+  // A model of one's own: its --model-option settings, for `dtrain checkpoint inspect`.
+  for (const auto& [key, value] : c.model_options) description["model_option." + key] = value;
+  if (model_spec(c).hugging_face) description["hf_config"] = hf::config_json(hf_model_config(c), c.model_config_json);
   if (c.tp > 1) description["tp"] = std::to_string(c.tp) + (c.sequence_parallel ? " (sequence parallel)" : "");
   return description;
 }

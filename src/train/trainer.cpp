@@ -1,4 +1,5 @@
-// run_training (include/dtrain/train.h): the training loop every rank runs.
+// dtrain::Trainer (include/dtrain/trainer.h) and run_training (include/dtrain/train.h): the training
+// loop every rank runs.
 //
 // Note [global batch loss]
 // Step s's global batch holds B samples; rank r of W computes a contiguous
@@ -14,11 +15,13 @@
 // rank's backward produced.
 #include "dtrain/tokenizer.h"
 #include "dtrain/train.h"
+#include "dtrain/trainer.h"
 
 #include "dtrain/data.h"
 #include "dtrain/mesh.h"
 #include "dtrain/memory.h"
 #include "dtrain/pipeline.h"
+#include "dtrain/sync_batch_norm.h"
 #include "dtrain/trace.h"
 #include "train/background_checkpoints.h"
 #include "train/checkpointing.h"
@@ -224,6 +227,9 @@ void DataParallelRun::build() {
     model_ = train::build_model(config_, deferred, config_.tp > 1 ? mesh_->comm("tp") : nullptr);
   }
   if (mesh_) model_.mesh = &*mesh_;
+  // A model's SyncBatchNorm layers take their statistics over the global
+  // batch: every data-parallel rank's part (dtrain/sync_batch_norm.h).
+  set_sync_batch_norm_comm(*model_.module, data_world_);
   strategy_ = train::wrap_model(
       model_, {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision,
                .reduce_dtype = config_.reduce_dtype,
@@ -233,7 +239,7 @@ void DataParallelRun::build() {
                .device = device_.is_cuda() ? std::optional<torch::Device>(device_) : std::nullopt,
                .comm_streams = config_.comm_streams},
       data_world_);
-  if (pipeline_) tied_weight_ = strategy_->updated_tensor("wte.weight");
+  if (pipeline_ && !model_.tied_weight.empty()) tied_weight_ = strategy_->updated_tensor(model_.tied_weight);
   if (!config_.init_from.empty()) {
     memory::set_phase("load of --init-from " + config_.init_from);
     strategy_->load_initial_weights(config_.init_from);
@@ -411,9 +417,9 @@ torch::Tensor DataParallelRun::forward_and_backward(int64_t step, const data::Ba
   return local_sum.detach();
 }
 
-// What a stage sends the next for `samples` windows: [samples, T, C].
+// What a stage sends the next for `samples` windows of --seq-len (the spec's pipeline_stage says).
 std::vector<int64_t> DataParallelRun::activation_shape(int64_t samples) const {
-  return {samples, config_.seq_len, config_.gpt_dim};
+  return model_.activation_shape(samples, config_.seq_len);
 }
 
 // --pp: the part's microbatches through the stages under the schedule. Each
@@ -438,7 +444,7 @@ double DataParallelRun::pipeline_forward_and_backward(int64_t step, const data::
                                           strategy_->run_backward(last, backward);
                                         });
   strategy_->end_microbatches();
-  pp::sum_tied_gradients(tied_weight_, *pipeline_);
+  if (!model_.tied_weight.empty()) pp::sum_tied_gradients(tied_weight_, *pipeline_);
   return scaled / to_global_mean;
 }
 
@@ -529,8 +535,8 @@ void DataParallelRun::finish(double train_seconds) {
           if (!pipeline_) return model_.full_logits(strategy_->forward(tokens.to(device_))).to(torch::kCPU);
           const int64_t n = tokens.size(0), t = tokens.size(1);
           return model_.full_logits(pipeline_->infer([&](const torch::Tensor& x) { return strategy_->forward(x); },
-                                                     tokens, {n, t, config_.gpt_dim},
-                                                     {n, t, train::gpt_config(config_).vocab_size / config_.tp}));
+                                                     tokens, model_.activation_shape(n, t),
+                                                     model_.output_shape(n, t)));
         });
   }
   auto rss = torch::zeros({world_size_}, torch::kFloat64);
@@ -637,14 +643,23 @@ void DataParallelRun::print_summary(double train_seconds) const {
 
 }  // namespace
 
-TrainResult run_training(const TrainConfig& config, CommPtr world) {
+Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {}
+
+Trainer::Trainer(TrainConfig config, ModelSpec spec) : config_(std::move(config)) {
+  if (!spec.name.empty()) config_.model = spec.name;
+  register_model(config_.model, std::move(spec));
+}
+
+TrainResult Trainer::run(CommPtr world) const {
   if (!world) throw std::invalid_argument("run_training: the communicator is null; pass the one dtrain::init() returned");
-  TrainConfig resolved = config;
+  TrainConfig resolved = config_;
   apply_model_config(resolved);  // a Hugging Face config.json's architecture
   check_train_config(resolved, world->size());
   // The parameter server: its servers serve, its workers run the same StepLoop (step_loop.h).
   if (train::is_parameter_server(resolved.strategy)) return train::run_parameter_server(resolved, world);
   return DataParallelRun(resolved, std::move(world)).run();
 }
+
+TrainResult run_training(const TrainConfig& config, CommPtr world) { return Trainer(config).run(std::move(world)); }
 
 }  // namespace dtrain

@@ -1,5 +1,6 @@
 #include "train/training_data.h"
 
+#include "dtrain/model_spec.h"
 #include "train/progress.h"
 
 #include <stdexcept>
@@ -43,6 +44,22 @@ TrainingData load_tokens(const TrainConfig& config, const std::string& path) {
 
 TrainingData load_training_data(const TrainConfig& config) {
   TrainingData result;
+  if (const ModelSpec& spec = find_model(config.model); spec.data) {
+    ModelData own = spec.data(config);
+    if (!own.train || !own.validation)
+      throw std::invalid_argument("the model spec '" + spec.name + "': ModelSpec::data must give both a train and a "
+                                  "validation dataset");
+    if (own.train->size() < 1) throw std::runtime_error("the model spec '" + spec.name + "': its train dataset is empty");
+    result.train = std::move(own.train);
+    result.validation = std::move(own.validation);
+    result.units_per_sample = own.units_per_sample;
+    result.unit = own.unit;
+    result.description = own.description.empty() ? spec.name + "'s own data (" + format_count(result.train->size()) +
+                                                       " train, " + format_count(result.validation->size()) +
+                                                       " validation samples)"
+                                                 : own.description;
+    return result;
+  }
   if (config.data == "fashion-mnist") {
     result.train = std::make_unique<data::FashionMNIST>(data::Split::Train, config.fashion_mnist_dir);
     result.validation = std::make_unique<data::FashionMNIST>(data::Split::Validation, config.fashion_mnist_dir);

@@ -13,17 +13,18 @@
 namespace dtrain::train {
 
 struct TrainingData {
-  std::unique_ptr<data::Dataset> train;
+  std::shared_ptr<data::Dataset> train;
   // Fashion-MNIST: the 10,000 test images. Text: the corpus's last 10%, in
   // non-overlapping windows.
-  std::unique_ptr<data::Dataset> validation;
+  std::shared_ptr<data::Dataset> validation;
   // What one sample holds for throughput figures: 1 image, or seq_len tokens.
   int64_t units_per_sample = 1;
   std::string unit = "samples";  // "samples" or "tokens"
   std::string description;       // for the run's header line
 };
 
-// Throws std::runtime_error when the data cannot be read.
+// The model spec's own datasets (ModelSpec::data) when it has them, else
+// --data's. Throws std::runtime_error when the data cannot be read.
 TrainingData load_training_data(const TrainConfig& config);
 
 // How rank `rank` of the `ranks` that read data samples its part of each

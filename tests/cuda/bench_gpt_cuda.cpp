@@ -31,6 +31,7 @@
 #include <dtrain/train.h>
 
 #include "train/cuda_runtime.h"
+#include "train/builtin_models.h"
 #include "train/model.h"
 #include "train/peak_flops.h"
 

@@ -1,0 +1,92 @@
+// The model registry (include/dtrain/model_spec.h): --model's names and
+// their specs.
+//
+// Note [built-in models are registered lazily]
+// dtrain is a static library. A file-scope registrar object in a file that
+// nothing else references would be dropped by the linker, and its order
+// against another file's static initialisers is unspecified. So the built-in
+// specs are registered on the registry's first use (register_builtin_models,
+// src/train/builtin_models.cpp), through the same register_model a user calls.
+#include "dtrain/model_spec.h"
+
+#include "train/builtin_models.h"
+
+#include <torch/nn/functional/loss.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+namespace dtrain {
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, ModelSpec> specs;
+  std::vector<std::string> order;  // registration order: the built-ins first
+};
+
+void add(Registry& registry, const std::string& name, ModelSpec spec) {
+  const bool good_name = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+  });
+  if (!good_name)
+    throw std::invalid_argument("register_model: the name '" + name + "' must be letters, digits, '-', '_' or '.'");
+  if (!spec.build) throw std::invalid_argument("register_model: the spec of '" + name + "' has no build function");
+  spec.name = name;
+  if (registry.specs.find(name) == registry.specs.end()) registry.order.push_back(name);
+  registry.specs[name] = std::move(spec);
+}
+
+// Held under the mutex by its callers; the built-ins go in on first use.
+Registry& registry() {
+  static Registry* instance = [] {
+    auto* r = new Registry;  // never destroyed: specs may be looked up from other static destructors
+    train::register_builtin_models([r](const std::string& name, ModelSpec spec) { add(*r, name, std::move(spec)); });
+    return r;
+  }();
+  return *instance;
+}
+
+}  // namespace
+
+void register_model(const std::string& name, ModelSpec spec) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  add(r, name, std::move(spec));
+}
+
+const ModelSpec& find_model(const std::string& name) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto found = r.specs.find(name);
+  if (found != r.specs.end()) return found->second;  // std::map nodes stay put when others are added
+  std::string known;
+  for (const auto& each : r.order) known += (known.empty() ? "" : ", ") + each;
+  throw std::invalid_argument("--model '" + name + "' is not one of: " + known +
+                              " (a program registers its own with dtrain::register_model, dtrain/model_spec.h)");
+}
+
+bool has_model(const std::string& name) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.specs.count(name) != 0;
+}
+
+std::vector<std::string> model_names() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.order;
+}
+
+torch::Tensor cross_entropy_per_sample(const torch::Tensor& output, const torch::Tensor& targets) {
+  namespace F = torch::nn::functional;
+  const auto none = F::CrossEntropyFuncOptions().reduction(torch::kNone);
+  if (output.dim() == 2) return F::cross_entropy(output, targets, none);
+  const int64_t batch = output.size(0), positions = output.size(1);
+  auto per_position = F::cross_entropy(output.reshape({batch * positions, output.size(2)}), targets.reshape(-1), none);
+  return per_position.view({batch, positions}).mean(1);
+}
+
+}  // namespace dtrain
