@@ -65,7 +65,7 @@ struct Resolved {
 int dp_coordinate(const PlanFlags& f, int rank) { return rank / (f.tp * f.pp); }
 int pp_coordinate(const PlanFlags& f, int rank) { return rank / f.tp % f.pp; }
 
-void check_pipeline_flags(const PlanFlags& f) {
+void check_pipeline_flags(const PlanFlags& f, const ModelSpec& spec) {
   if (f.pp == 1) {
     if (f.microbatches > 1)
       throw std::invalid_argument("--microbatches splits a pipeline's batch between its stages: it needs --pp N with N > 1");
@@ -77,26 +77,47 @@ void check_pipeline_flags(const PlanFlags& f) {
     throw std::invalid_argument("--pp-gather " + f.pp_gather + " says when a sharded strategy gathers a stage's units: "
                                 "it needs --strategy zero1, zero2, fsdp or hsdp, not ddp");
   const std::string pp = "--pp " + std::to_string(f.pp);
-  if (f.model != "gpt") throw std::invalid_argument(pp + " divides the GPT's blocks into stages: it needs --model gpt");
+  if (!spec.plan_stage_description)
+    throw std::invalid_argument(pp + " needs ModelSpec::plan_stage_description, a description of the model's pipeline "
+                                "stages, which --model " + f.model + "'s spec does not have");
   if (f.sequence_parallel)
     throw std::invalid_argument(pp + " with --sequence-parallel is not available yet (the stages send whole sequences)");
   if (f.mixed_precision != "none")
     throw std::invalid_argument(pp + " sends fp32 activations between the stages: --mixed-precision " +
                                 f.mixed_precision + " with --pp is not available yet");
-  if (f.gpt_layers < f.pp)
-    throw std::invalid_argument(pp + " needs at least " + std::to_string(f.pp) +
-                                " blocks (one per stage), got --gpt-layers " + std::to_string(f.gpt_layers));
+}
+
+// What dtrain train would run: the flags the plan shares with it.
+TrainConfig train_config_of(const PlanFlags& f, const ModelSpec& spec) {
+  TrainConfig config;
+  config.model = f.model;
+  config.model_options = f.model_options;
+  config.mlp_hidden = f.mlp_hidden;
+  config.gpt_layers = f.gpt_layers;
+  config.gpt_dim = f.gpt_dim;
+  config.gpt_heads = f.gpt_heads;
+  config.seq_len = f.seq_len;
+  config.vocab_size = f.vocab_size;
+  config.tp = f.tp;
+  config.sequence_parallel = f.sequence_parallel;
+  config.pp = f.pp;
+  config.microbatches = f.microbatches;
+  config.data = spec.token_sequences ? "text:/usr/share/games/fortunes" : "fashion-mnist";  // dtrain train's defaults
+  return config;
 }
 
 Resolved resolve(const PlanFlags& f) {
   Resolved r;
-  const bool gpt = f.model == "gpt";
+  const ModelSpec& spec = find_model(f.model);
+  TrainConfig config = train_config_of(f, spec);
   r.nproc = f.nproc;
   r.tp = f.tp;
   r.rank = f.rank;
-  if (f.tp > 1 && !gpt) throw std::invalid_argument("--tp " + std::to_string(f.tp) + " splits the GPT's blocks: it needs --model gpt");
+  if (f.tp > 1 && !spec.tensor_parallel)
+    throw std::invalid_argument("--tp " + std::to_string(f.tp) + " needs ModelSpec::tensor_parallel, the model's split "
+                                "into tensor-parallel layers, which --model " + f.model + "'s spec does not have");
   r.pp = f.pp;
-  check_pipeline_flags(f);
+  check_pipeline_flags(f, spec);
   if (f.nproc % (f.tp * f.pp) != 0) {
     if (f.pp == 1)
       throw std::invalid_argument("--tp " + std::to_string(f.tp) + " does not divide --nproc " +
@@ -109,7 +130,7 @@ Resolved resolve(const PlanFlags& f) {
     throw std::invalid_argument("--sequence-parallel splits tensor parallelism's activations along the sequence: it needs --tp N");
   // The engine runs over the dp ranks; the tp ranks of one dp group share its batch part.
   const int dp = f.nproc / (f.tp * f.pp);
-  const bool sequences = find_model(f.model).token_sequences;
+  const bool sequences = spec.token_sequences;
   r.global_batch = f.batch_size > 0 ? f.batch_size : (sequences ? 32 : 128);
   if (r.global_batch < dp)
     throw std::invalid_argument("--batch-size " + std::to_string(r.global_batch) +
@@ -164,9 +185,9 @@ Resolved resolve(const PlanFlags& f) {
   if (f.activation_checkpointing == "on") {  // as dtrain train refuses what it does not run
     const std::string flag = "--activation-checkpointing on";
     require_fsdp_engine(f.strategy, kActivationCheckpointingNeedsFsdp);
-    if (!gpt)
-      throw std::invalid_argument(flag + " recomputes the transformer blocks (the FSDP units) in their backward: it "
-                                  "needs --model gpt; --model " + f.model +
+    if (!spec.checkpointable_blocks)
+      throw std::invalid_argument(flag + " recomputes the model's blocks (its FSDP units) in their backward: it needs a "
+                                  "model whose spec declares them (ModelSpec::checkpointable_blocks); --model " + f.model +
                                   " is a single unit, the root, which keeps its activations");
     if (f.tp > 1 || f.pp > 1)
       throw std::invalid_argument(flag + " with --" + (f.tp > 1 ? "tp " + std::to_string(f.tp) : "pp " + std::to_string(f.pp)) +
@@ -185,36 +206,16 @@ Resolved resolve(const PlanFlags& f) {
   r.options.optimizer = plan::optimizer_from(r.optimizer, f.momentum);
 
   const auto compute = r.options.fsdp.mixed_precision.param_dtype;
-  if (f.model == "gpt" && f.gpt_dim % f.gpt_heads != 0)
-    throw std::invalid_argument("--gpt-heads " + std::to_string(f.gpt_heads) + " must divide --gpt-dim " +
-                                std::to_string(f.gpt_dim));
-  models::GPTConfig gpt_config;
-  gpt_config.n_layer = f.gpt_layers;
-  gpt_config.n_embd = f.gpt_dim;
-  gpt_config.n_head = f.gpt_heads;
-  gpt_config.seq_len = f.seq_len;
-  gpt_config.vocab_size = f.vocab_size;
+  config.batch_size = r.global_batch;
+  if (spec.check) spec.check(config);  // the model's own flags, as dtrain train checks them
   if (f.pp > 1) {
     for (int stage = 0; stage < f.pp; ++stage)
-      r.stages.push_back(plan::describe_gpt_stage(gpt_config, per_rank, f.microbatches, compute, stage, f.pp, f.tp));
+      r.stages.push_back(spec.plan_stage_description(config, per_rank, f.microbatches, compute, stage));
     r.model = r.stages[static_cast<size_t>(pp_coordinate(f, f.rank))];
+    r.activations = "described by the model's spec";
     return r;
   }
   // The model's spec describes it, or the model is measured (train::plan_model).
-  TrainConfig config;
-  config.model = f.model;
-  config.model_options = f.model_options;
-  config.mlp_hidden = f.mlp_hidden;
-  config.gpt_layers = f.gpt_layers;
-  config.gpt_dim = f.gpt_dim;
-  config.gpt_heads = f.gpt_heads;
-  config.seq_len = f.seq_len;
-  config.vocab_size = f.vocab_size;
-  config.tp = f.tp;
-  config.sequence_parallel = f.sequence_parallel;
-  config.batch_size = r.global_batch;
-  config.data = sequences ? "text:/usr/share/games/fortunes" : "fashion-mnist";  // dtrain train's defaults
-  if (const ModelSpec& spec = find_model(f.model); spec.check) spec.check(config);
   train::PlannedModel planned = train::plan_model(config, per_rank, compute, /*probe=*/true, dp);
   r.model = std::move(planned.model);
   r.activations = std::move(planned.activations);

@@ -46,8 +46,9 @@ CLI::Option* add_model_options(CLI::App& app, std::map<std::string, std::string>
               options[pair.substr(0, equals)] = pair.substr(equals + 1);
             }
           },
-          "KEY=VALUE for a model of one's own (its spec reads TrainConfig::model_options); repeatable")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+          "KEY=VALUE[,KEY=VALUE...] for a model of one's own (its spec reads TrainConfig::model_options); repeatable")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->delimiter(',');
 }
 
 namespace {

@@ -1,8 +1,8 @@
 // The whole dtrain command line as a function, for a program of one's own:
 // register its models, then hand over argc and argv, and the program is a
-// dtrain whose train, launch, plan and checkpoint take --model yours with
-// every flag. `dtrain train --nproc N` and `dtrain launch` start the ranks as
-// copies of this same program (/proc/self/exe), so they register the same models.
+// dtrain whose train and plan take --model yours with every flag.
+// `train --nproc N` and `launch` start the ranks as copies of this same
+// program (/proc/self/exe), so they register the same models.
 //
 //   int main(int argc, char** argv) {
 //     dtrain::register_model("mynet", my_spec());   // dtrain/model_spec.h

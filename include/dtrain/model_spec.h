@@ -33,7 +33,10 @@ namespace dtrain {
 struct TrainConfig;
 class DeviceMesh;
 namespace plan {
-struct ModelSpec;  // dtrain/plan.h
+// dtrain/plan.h. Declared only, so that this header stays light: a
+// std::function naming it needs the complete type only where a callable is
+// assigned (the built-ins' specs, src/train/builtin_models.cpp, include plan.h).
+struct ModelSpec;
 }
 
 // A model as a run sees it, whatever its module type: the module (for
@@ -145,7 +148,8 @@ struct ModelSpec {
   // --activation-checkpointing recomputes them in their backward.
   bool checkpointable_blocks = false;
   // Builds from a Hugging Face config.json and --init-from DIR
-  // (dtrain/hugging_face.h).
+  // (dtrain/hugging_face.h). The Hugging Face mapping knows the built-in
+  // transformers only (gpt, gpt2, llama) so far: a spec of one's own leaves it false.
   bool hugging_face = false;
   // `dtrain plan`'s description of the model at `batch_per_rank` samples per
   // rank computing in `compute` (dtrain/plan.h: units, parameters,
@@ -155,10 +159,16 @@ struct ModelSpec {
   // (src/train/plan_model.cpp; the plan says which).
   std::function<plan::ModelSpec(const TrainConfig&, int64_t batch_per_rank, torch::ScalarType compute)>
       plan_description;
+  // `dtrain plan --pp`: stage `stage` of config.pp as pipeline_stage builds
+  // it, at `microbatches` microbatches of the rank's batch part.
+  std::function<plan::ModelSpec(const TrainConfig&, int64_t batch_per_rank, int microbatches, torch::ScalarType compute,
+                                int stage)>
+      plan_stage_description;
 };
 
 // Adds `spec` under `name` (letters, digits, '-', '_', '.'), or replaces the
-// spec registered under it. Throws std::invalid_argument for a bad name or a
+// spec a program registered under it (a run already holding the old one keeps
+// it). Throws std::invalid_argument for a bad name, a built-in's name, or a
 // spec without build. Safe to call from several threads.
 void register_model(const std::string& name, ModelSpec spec);
 // The spec registered under `name`; throws std::invalid_argument naming the

@@ -150,10 +150,8 @@ ModelSpec describe_gpt_stage(const models::GPTConfig& config, int64_t batch_per_
 ModelSpec describe_mlp(const std::vector<int64_t>& hidden_sizes, int64_t batch_per_rank,
                        torch::ScalarType compute_dtype);
 ModelSpec describe_cnn(int64_t batch_per_rank, torch::ScalarType compute_dtype);
-// By name, as `dtrain train --model` and `dtrain plan --model` say it: "gpt"
-// (with `gpt`), "mlp" (with `mlp_hidden`), else "cnn".
-ModelSpec describe_model(const std::string& name, const models::GPTConfig& gpt, const std::vector<int64_t>& mlp_hidden,
-                         int64_t batch_per_rank, torch::ScalarType compute_dtype);
+// A model of the registry is described by its spec (dtrain/model_spec.h,
+// ModelSpec::plan_description; the built-ins' call the functions above).
 
 // ------------------------------------------------------------ the run
 

@@ -21,6 +21,7 @@
 #include <dtrain/model_spec.h>
 #include <dtrain/train.h>
 
+#include <memory>
 #include <optional>
 
 namespace dtrain {
@@ -29,8 +30,9 @@ class Trainer {
  public:
   // Trains the registered model config.model names.
   explicit Trainer(TrainConfig config);
-  // Trains `spec`: it is registered under spec.name (config.model when that
-  // is empty), replacing what was registered there, and config.model names it.
+  // Trains `spec`, named spec.name (required; not a built-in's name). run()
+  // registers it under that name (replacing what the program registered
+  // there) and config.model names it.
   Trainer(TrainConfig config, ModelSpec spec);
 
   const TrainConfig& config() const { return config_; }
@@ -42,6 +44,7 @@ class Trainer {
 
  private:
   TrainConfig config_;
+  std::shared_ptr<const ModelSpec> spec_;  // the spec passed in; none: config.model's registered one
 };
 
 }  // namespace dtrain

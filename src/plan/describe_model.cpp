@@ -193,14 +193,6 @@ ModelSpec describe_cnn(int64_t batch_per_rank, torch::ScalarType compute_dtype) 
   return model;
 }
 
-ModelSpec describe_model(const std::string& name, const models::GPTConfig& gpt, const std::vector<int64_t>& mlp_hidden,
-                         int64_t batch_per_rank, torch::ScalarType compute_dtype) {
-  if (name == "gpt" || name == "gpt2") return describe_gpt(gpt, batch_per_rank, compute_dtype);  // the same layout
-  if (name == "mlp") return describe_mlp(mlp_hidden, batch_per_rank, compute_dtype);
-  if (name == "cnn") return describe_cnn(batch_per_rank, compute_dtype);
-  throw std::invalid_argument("plan: --model " + name + " is not described yet (gpt, gpt2, mlp, cnn)");
-}
-
 Optimizer optimizer_from(const std::string& name, double momentum) {
   if (name == "adamw") return Optimizer::AdamW;
   return momentum > 0 ? Optimizer::SGDMomentum : Optimizer::SGD;

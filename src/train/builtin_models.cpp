@@ -128,6 +128,10 @@ ModelSpec gpt_family(const std::string& summary) {
   spec.plan_description = [](const TrainConfig& c, int64_t batch_per_rank, torch::ScalarType compute) {
     return plan::describe_tp_gpt(gpt_config(c), batch_per_rank, compute, c.tp, c.sequence_parallel);
   };
+  spec.plan_stage_description = [](const TrainConfig& c, int64_t batch_per_rank, int microbatches,
+                                   torch::ScalarType compute, int stage) {
+    return plan::describe_gpt_stage(gpt_config(c), batch_per_rank, microbatches, compute, stage, c.pp, c.tp);
+  };
   return spec;
 }
 

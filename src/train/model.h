@@ -52,9 +52,4 @@ Model build_stage(const TrainConfig& config, const DeviceMesh& mesh, bool deferr
 // builds it deferred.
 bool builds_deferred(const std::string& strategy);
 
-// Cross-entropy per sample (dtrain::cross_entropy_per_sample).
-inline torch::Tensor per_sample_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return cross_entropy_per_sample(logits, targets);
-}
-
 }  // namespace dtrain::train

@@ -21,6 +21,12 @@ std::string model_config_path(const TrainConfig& config) {
 void apply_model_config(TrainConfig& config) {
   const std::string path = model_config_path(config);
   if (path.empty()) return;
+  // A model of one's own does not come from a config.json (the default
+  // --model does: the file decides the transformer).
+  if (has_model(config.model) && !find_model(config.model).hugging_face && config.model != TrainConfig{}.model)
+    throw std::invalid_argument(path + " is a Hugging Face config.json, and --model " + config.model +
+                                "'s spec does not read one (ModelSpec::hugging_face): leave out --model-config and a "
+                                "model directory as --init-from");
   const hf::ModelConfig hf = hf::read_config(path);
   if (has_model(config.model) && find_model(config.model).hugging_face && config.model != hf.model) {
     const std::string why = hf.model == "gpt" && config.model == "gpt2"

@@ -21,10 +21,15 @@
 namespace dtrain {
 namespace {
 
+// A spec is never changed or destroyed once registered: find_model's
+// references stay valid, and a spec in use by a run is not replaced under it
+// (a name registered again points at a new spec; the old one is retired).
 struct Registry {
   std::mutex mutex;
-  std::map<std::string, ModelSpec> specs;
+  std::map<std::string, std::shared_ptr<const ModelSpec>> specs;
+  std::vector<std::shared_ptr<const ModelSpec>> retired;
   std::vector<std::string> order;  // registration order: the built-ins first
+  size_t builtins = 0;             // the first `builtins` names of `order`
 };
 
 void add(Registry& registry, const std::string& name, ModelSpec spec) {
@@ -34,9 +39,14 @@ void add(Registry& registry, const std::string& name, ModelSpec spec) {
   if (!good_name)
     throw std::invalid_argument("register_model: the name '" + name + "' must be letters, digits, '-', '_' or '.'");
   if (!spec.build) throw std::invalid_argument("register_model: the spec of '" + name + "' has no build function");
+  for (size_t i = 0; i < registry.builtins; ++i)
+    if (registry.order[i] == name)
+      throw std::invalid_argument("register_model: '" + name + "' is a built-in model; give yours another name");
   spec.name = name;
-  if (registry.specs.find(name) == registry.specs.end()) registry.order.push_back(name);
-  registry.specs[name] = std::move(spec);
+  auto& slot = registry.specs[name];
+  if (slot) registry.retired.push_back(std::move(slot));
+  else registry.order.push_back(name);
+  slot = std::make_shared<const ModelSpec>(std::move(spec));
 }
 
 // Held under the mutex by its callers; the built-ins go in on first use.
@@ -44,6 +54,7 @@ Registry& registry() {
   static Registry* instance = [] {
     auto* r = new Registry;  // never destroyed: specs may be looked up from other static destructors
     train::register_builtin_models([r](const std::string& name, ModelSpec spec) { add(*r, name, std::move(spec)); });
+    r->builtins = r->order.size();
     return r;
   }();
   return *instance;
@@ -61,7 +72,7 @@ const ModelSpec& find_model(const std::string& name) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   const auto found = r.specs.find(name);
-  if (found != r.specs.end()) return found->second;  // std::map nodes stay put when others are added
+  if (found != r.specs.end()) return *found->second;  // never destroyed (Registry)
   std::string known;
   for (const auto& each : r.order) known += (known.empty() ? "" : ", ") + each;
   throw std::invalid_argument("--model '" + name + "' is not one of: " + known +

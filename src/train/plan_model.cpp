@@ -86,7 +86,7 @@ void take_multi_rank_paths(torch::nn::Module& module) {
   for (const auto& child : module.modules(/*include_self=*/true))
     if (auto* sync = child->as<SyncBatchNormImpl>()) layers.push_back(sync);
   if (layers.empty()) return;
-  static const CommPtr one_rank = init(InitOptions{.backend = "self"});
+  const CommPtr one_rank = init(InitOptions{.backend = "self"});  // the layers hold it as long as the probe's model
   for (auto* layer : layers) {
     layer->set_comm(one_rank);
     layer->set_multi_rank_path(true);

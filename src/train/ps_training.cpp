@@ -287,7 +287,7 @@ StepOutcome ParameterServerRun::run_step(int64_t step) {
   torch::Tensor local_sum;
   {
     trace::Span span("forward", trace::category::compute);
-    local_sum = per_sample_loss(model_.forward(part.inputs), part.targets).sum();
+    local_sum = model_.loss(model_.forward(part.inputs), part.targets).sum();
   }
   if (step + 1 == config_.debug_nan_at_step && rank_ == 0) local_sum = local_sum * std::nan("");
   {

@@ -202,11 +202,12 @@ DataParallelRun::DataParallelRun(const TrainConfig& config, CommPtr world)
   build();
   schedule_ = {.peak_lr = config_.lr, .warmup_steps = config_.warmup, .total_steps = total_};
   units_per_step_ = static_cast<double>(config_.batch_size * data_.units_per_sample);
-  eval_count_ = model_.classification ? data_.validation->size()
-                                      : std::min(data_.validation->size(), config_.eval_windows);
+  // Token windows overlap a corpus's split in many ways: --eval-windows of them.
+  eval_count_ = model_.token_sequences ? std::min(data_.validation->size(), config_.eval_windows)
+                                       : data_.validation->size();
   // Evaluation batches about as large as training's, so the peak memory stays
   // training's (at least 256 images, so tiny batches do not take thousands of calls).
-  eval_chunk_ = model_.classification ? std::max<int64_t>(config_.batch_size, 256) : config_.batch_size;
+  eval_chunk_ = model_.token_sequences ? config_.batch_size : std::max<int64_t>(config_.batch_size, 256);
 }
 
 void DataParallelRun::make_sampler(std::vector<int64_t> local_batch_sizes) {
@@ -523,7 +524,7 @@ void DataParallelRun::finish(double train_seconds) {
     final_eval_ = evaluate();
     metrics_.write(train::eval_record(total_, *final_eval_));
   }
-  if (!model_.classification && !stopped && config_.samples > 0) {  // --samples 0: none (Note [no empty batches])
+  if (model_.token_sequences && !stopped && config_.samples > 0) {  // --samples 0: none (Note [no empty batches])
     std::optional<data::Tokenizer> tokenizer;
     if (!config_.tokenizer.empty()) tokenizer.emplace(config_.tokenizer);
     result_.samples = train::generate_samples(
@@ -646,12 +647,17 @@ void DataParallelRun::print_summary(double train_seconds) const {
 Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {}
 
 Trainer::Trainer(TrainConfig config, ModelSpec spec) : config_(std::move(config)) {
-  if (!spec.name.empty()) config_.model = spec.name;
-  register_model(config_.model, std::move(spec));
+  if (spec.name.empty())
+    throw std::invalid_argument("dtrain::Trainer: the model spec needs a name (ModelSpec::name), the --model its "
+                                "checkpoints and metrics record");
+  if (!spec.build) throw std::invalid_argument("dtrain::Trainer: the model spec '" + spec.name + "' has no build function");
+  config_.model = spec.name;
+  spec_ = std::make_shared<const ModelSpec>(std::move(spec));
 }
 
 TrainResult Trainer::run(CommPtr world) const {
   if (!world) throw std::invalid_argument("run_training: the communicator is null; pass the one dtrain::init() returned");
+  if (spec_) register_model(spec_->name, *spec_);  // this Trainer's spec, whatever was registered since
   TrainConfig resolved = config_;
   apply_model_config(resolved);  // a Hugging Face config.json's architecture
   check_train_config(resolved, world->size());

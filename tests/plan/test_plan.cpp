@@ -506,7 +506,9 @@ TEST(Measured, StartPeakMatchesThePlan) {
   config.seq_len = 32;
   const std::vector<int64_t> hidden{300, 70};
   for (const std::string model_name : {"gpt", "mlp", "cnn"}) {
-    const auto spec = plan::describe_model(model_name, config, hidden, 2, torch::kFloat32);
+    const auto spec = model_name == "gpt"   ? plan::describe_gpt(config, 2, torch::kFloat32)
+                      : model_name == "mlp" ? plan::describe_mlp(hidden, 2, torch::kFloat32)
+                                            : plan::describe_cnn(2, torch::kFloat32);
     for (const std::string strategy : {"ddp", "zero1", "zero2", "fsdp"}) {
       world().barrier()->wait();
       const int64_t before = dtrain::memory::live_bytes();
