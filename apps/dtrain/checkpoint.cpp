@@ -2,6 +2,7 @@
 
 #include <dtrain/checkpoint.h>
 #include <dtrain/hugging_face.h>
+#include <dtrain/model_spec.h>
 
 #include <torch/torch.h>
 
@@ -36,7 +37,8 @@ CheckpointCommands add_checkpoint_subcommand(CLI::App& app, CheckpointFlags& fla
   commands.export_->add_option("--to", flags.to, "Output .safetensors file (--format hf: a directory)")->required();
   commands.export_->add_option("--format", flags.format,
                                "safetensors (one file, dtrain's names) | hf (a Hugging Face model directory: config.json "
-                               "and safetensors that transformers' from_pretrained loads; gpt, gpt2 and llama runs)")
+                               "and safetensors that transformers' from_pretrained loads; runs of a model whose spec has a Hugging Face "
+                               "adapter, ModelSpec::hugging_face)")
       ->check(CLI::IsMember({"safetensors", "hf"}))->capture_default_str();
   commands.export_->add_option("--max-shard-size", flags.max_shard_size,
                                "--format hf: the largest safetensors file, in bytes or with KB, MB, GB (above it the "
@@ -102,18 +104,29 @@ int64_t parse_size(const std::string& text) {
   return static_cast<int64_t>(number * found->second);
 }
 
+// The checkpoint's model (by its registered spec's Hugging Face adapter)
+// names and lays out the tensors; config.json is the one the run recorded.
 int export_hugging_face(const CheckpointFlags& flags) {
   const auto manifest = read_checkpoint_manifest(flags.dir);
+  const auto model = manifest.extra.find("model");
   const auto config = manifest.extra.find("hf_config");
-  if (config == manifest.extra.end())
-    throw std::invalid_argument(flags.dir + " does not record a transformer's architecture (hf_config): --format hf "
-                                "exports checkpoints of dtrain train --model gpt, gpt2 or llama");
-  const hf::ModelConfig model = hf::parse_config(config->second, flags.dir + ": hf_config");
-  const int files = hf::export_checkpoint(flags.dir, flags.to, model, parse_size(flags.max_shard_size));
+  std::string readers;
+  for (const std::string& name : model_names())
+    if (find_model(name).hugging_face) readers += (readers.empty() ? "" : ", ") + name;
+  if (model == manifest.extra.end() || config == manifest.extra.end())
+    throw std::invalid_argument(flags.dir + " does not record a model with a Hugging Face layout (hf_config): --format "
+                                "hf exports checkpoints of dtrain train --model " + readers +
+                                " (a model whose spec has ModelSpec::hugging_face)");
+  if (!has_model(model->second) || !find_model(model->second).hugging_face)
+    throw std::invalid_argument(flags.dir + " was trained with --model " + model->second + ", which this program " +
+                                (has_model(model->second) ? "registers without a Hugging Face adapter (ModelSpec::hugging_face)"
+                                                          : "does not register (register_model, dtrain/model_spec.h)"));
+  const HuggingFaceAdapter& adapter = *find_model(model->second).hugging_face;
+  const int files = hf::export_checkpoint(flags.dir, flags.to, adapter.layout(), config->second,
+                                          parse_size(flags.max_shard_size));
   std::cout << "wrote " << flags.to << ": config.json and " << files << (files == 1 ? " file" : " files") << " ("
-            << model.model << ", step " << manifest.step << "); load it with transformers' "
-            << (model.model == "llama" ? "LlamaForCausalLM" : "GPT2LMHeadModel") << ".from_pretrained(\"" << flags.to
-            << "\")\n";
+            << model->second << ", step " << manifest.step << "); load it with transformers' " << adapter.architecture
+            << ".from_pretrained(\"" << flags.to << "\")\n";
   return 0;
 }
 

@@ -125,7 +125,8 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
   model->add_option("--model", c.model, models_help())->check(kRegisteredModel)->capture_default_str();
   add_model_options(*model, c.model_options);
   model->add_option("--model-config", c.model_config,
-                    "A Hugging Face config.json (model_type gpt2 or llama) that gives the architecture (default: "
+                    "A Hugging Face config.json that gives the model and its architecture (a model_type a registered "
+                    "model's ModelSpec::hugging_face reads; default: "
                     "--init-from DIR's config.json)")
       ->check(CLI::ExistingFile);
   model->add_option("--kv-heads", c.kv_heads, "llama: key/value heads, dividing --gpt-heads (default: --gpt-heads)")
@@ -259,7 +260,7 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
                        "in the first steps, keep the faster)")
       ->check(CLI::IsMember({"on", "off", "auto"}))->capture_default_str();
   add_on_off(parallel, "--activation-checkpointing", c.activation_checkpointing,
-             "zero1/zero2/fsdp/hsdp with gpt, gpt2 or llama: on (keep only each block's input from forward to "
+             "zero1/zero2/fsdp/hsdp, a model with ModelSpec::checkpointable_blocks: on (keep only each block's input from forward to "
              "backward and recompute the block in its backward: less memory, one more forward of the blocks per "
              "step) | off (default)");
   // Parameter server and stragglers (issue 7; src/train/ps_training.h, src/train/stragglers.h).
@@ -369,8 +370,9 @@ void resolve_model_config(const CLI::App& app, TrainConfig& c) {
       throw std::invalid_argument(std::string(flag) + ": the architecture comes from " + source +
                                   "; leave the flag out (or edit the file)");
   }
-  if (given(app, "--model") && !is_language_model(c.model))
-    throw std::invalid_argument(source + " describes a transformer: --model " + c.model + " cannot be built from it");
+  if (given(app, "--model") && has_model(c.model) && !find_model(c.model).hugging_face)
+    throw std::invalid_argument(source + " is a Hugging Face config.json: --model " + c.model +
+                                " cannot be built from it (its spec has no ModelSpec::hugging_face)");
   apply_model_config(c);
   // Windows as long as the model's context, up to the default's 128.
   if (!given(app, "--seq-len")) c.seq_len = std::min<int64_t>(c.seq_len, c.positions);

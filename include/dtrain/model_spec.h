@@ -10,7 +10,8 @@
 //   dtrain::Trainer(config, spec).run(world);  // dtrain/trainer.h
 //
 // The five built-in models (mlp, cnn, gpt, gpt2, llama) are registered through
-// this same API (src/train/builtin_models.cpp). A run asks the spec, never the
+// this same API (src/train/builtin_models.cpp, their Hugging Face adapters in
+// src/train/builtin_hugging_face.cpp). A run asks the spec, never the
 // model's name: a feature that needs the model's cooperation (--tp, --pp,
 // --activation-checkpointing) is refused when the spec lacks its hook, naming
 // the hook.
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,10 @@ namespace plan {
 // std::function naming it needs the complete type only where a callable is
 // assigned (the built-ins' specs, src/train/builtin_models.cpp, include plan.h).
 struct ModelSpec;
+}
+namespace hf {
+class Config;   // dtrain/hugging_face.h, declared only (as plan::ModelSpec)
+struct Layout;
 }
 
 // A model as a run sees it, whatever its module type: the module (for
@@ -88,6 +94,31 @@ BuiltModel built_model(Holder module) {
   model.forward = [module](const torch::Tensor& x) mutable { return module->forward(x); };
   return model;
 }
+
+// What Hugging Face model directories (dtrain/hugging_face.h) ask of a
+// model: --init-from DIR and --model-config config.json build and load it,
+// and `dtrain checkpoint export --format hf` writes one.
+struct HuggingFaceAdapter {
+  // config.json's "model_type" this model reads and writes ("llama").
+  std::string model_type;
+  // The transformers class that loads an export ("LlamaForCausalLM"), for
+  // the export's hint.
+  std::string architecture;
+  // Whether a config.json of model_type describes this model, when several
+  // specs read one model_type (GPT-2's tanh GELU or the exact one); unset:
+  // every such file does.
+  std::function<bool(const hf::Config&)> describes;
+  // Sets the run's architecture flags from config.json (vocab_size,
+  // positions, gpt_layers, ...), refusing with hf::Config::fail (naming the
+  // field) what the model does not compute as transformers does.
+  std::function<void(const hf::Config&, TrainConfig&)> read_config;
+  // config.json's text for the run's architecture: `base` (the file the run
+  // was configured from, or "") with the architecture's fields set.
+  // Checkpoints keep it for the export.
+  std::function<std::string(const TrainConfig&, const std::string& base)> write_config;
+  // How the model's tensors are named and stored there.
+  std::function<hf::Layout()> layout;
+};
 
 // The datasets a spec brings instead of --data.
 struct ModelData {
@@ -147,10 +178,21 @@ struct ModelSpec {
   // The model declares its blocks as FSDP units (dtrain::Sharded<>):
   // --activation-checkpointing recomputes them in their backward.
   bool checkpointable_blocks = false;
-  // Builds from a Hugging Face config.json and --init-from DIR
-  // (dtrain/hugging_face.h). The Hugging Face mapping knows the built-in
-  // transformers only (gpt, gpt2, llama) so far: a spec of one's own leaves it false.
-  bool hugging_face = false;
+  // The closing samples of a token_sequences run (--samples): continues
+  // `prompts` (int64 [count, P]) by `new_tokens` tokens and returns int64
+  // [count, P + new_tokens]. `logits` runs the model through the run's
+  // strategy (int64 [n, t], t <= --seq-len -> float [n, t, vocab], the whole
+  // vocabulary) and is collective: call it the same times with the same
+  // shapes whatever the rank, drawing randomness from `generator` only
+  // (seeded alike on every rank). Unset: autoregressive sampling at
+  // temperature 0.8 over windows of --seq-len (dtrain::models::sample_continuations).
+  std::function<torch::Tensor(const torch::Tensor& prompts, int64_t new_tokens, const TrainConfig& config,
+                              at::Generator generator, const std::function<torch::Tensor(const torch::Tensor&)>& logits)>
+      sample;
+  // Hugging Face model directories in and out (--init-from DIR,
+  // --model-config, `dtrain checkpoint export --format hf`); unset: refused,
+  // naming this hook.
+  std::optional<HuggingFaceAdapter> hugging_face;
   // `dtrain plan`'s description of the model at `batch_per_rank` samples per
   // rank computing in `compute` (dtrain/plan.h: units, parameters,
   // activations by formula); under --tp, its slice. Unset: the plan counts
@@ -177,6 +219,13 @@ const ModelSpec& find_model(const std::string& name);
 bool has_model(const std::string& name);
 // The registered names in the order they were registered: the built-ins first.
 std::vector<std::string> model_names();
+
+// The registered model a Hugging Face config.json describes: the first
+// whose ModelSpec::hugging_face reads its model_type and describes it (or,
+// when none describes it, the first that reads its model_type, whose
+// read_config then names what it cannot build). Throws
+// std::invalid_argument naming the file and the model types registered.
+std::string model_for_hugging_face(const hf::Config& config);
 
 // Cross-entropy per sample, the default ModelSpec::loss.
 torch::Tensor cross_entropy_per_sample(const torch::Tensor& output, const torch::Tensor& targets);

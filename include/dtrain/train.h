@@ -65,7 +65,7 @@ struct TrainConfig {
   int64_t vocab_size = 256;
   // Initial weights from a safetensors file (every parameter and buffer, by
   // name; see load_state_into in dtrain/checkpoint.h) or a Hugging Face model
-  // directory (gpt, gpt2, llama: dtrain/hugging_face.h) instead of the seeded
+  // directory (a model with ModelSpec::hugging_face: dtrain/hugging_face.h) instead of the seeded
   // initialisation; "" = none. Each rank reads only what it holds.
   std::string init_from;
 
@@ -241,14 +241,14 @@ TrainResult run_training(const TrainConfig& config, CommPtr world);
 // calls it first.
 void check_train_config(const TrainConfig& config, int world_size);
 
-// Fills in the transformer's architecture from a Hugging Face config.json:
+// Fills in the model and its architecture from a Hugging Face config.json:
 // config.model_config, or else config.init_from's when that is a model
-// directory (dtrain/hugging_face.h); nothing without either. Sets model
-// (gpt2, gpt or llama, as the file says; a different transformer in
-// config.model is an error), the sizes, positions, the normalisation's
-// epsilon, llama's kv_heads, ffn_dim, rope_theta and tie_embeddings, and
+// directory (dtrain/hugging_face.h); nothing without either. Sets model to
+// the registered model the file describes (model_for_hugging_face,
+// dtrain/model_spec.h; a different one in config.model is an error), the
+// fields its adapter's read_config sets (sizes, positions, ...), and
 // model_config_json. Throws std::invalid_argument naming the file and field
-// dtrain cannot build. run_training() calls it on its copy of the config.
+// the model cannot be built from. run_training() calls it on its copy of the config.
 void apply_model_config(TrainConfig& config);
 // The config.json apply_model_config reads: config.model_config, else
 // config.init_from's when that is a model directory; "" for none.

@@ -1,6 +1,6 @@
-// Hugging Face model directories (include/dtrain/hugging_face.h): their
-// tensors' names and layouts, loading them into what a rank holds, and
-// exporting a checkpoint to one.
+// Hugging Face model directories (include/dtrain/hugging_face.h): loading
+// them into what a rank holds, and exporting a checkpoint to one, with the
+// names and layouts a model's hf::Layout gives.
 #include "checkpoint/held_state.h"
 #include "checkpoint/rank_file_reader.h"
 #include "checkpoint/state_fit.h"
@@ -17,7 +17,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -27,24 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-// GPT-2's Conv1D layers ([in, out] weights) and their dtrain names.
-const std::map<std::string, std::string>& gpt2_block_names() {
-  static const std::map<std::string, std::string> names{{"ln_1", "ln_1"},           {"attn.c_attn", "qkv"},
-                                                         {"attn.c_proj", "attn_proj"}, {"ln_2", "ln_2"},
-                                                         {"mlp.c_fc", "mlp_fc"},       {"mlp.c_proj", "mlp_proj"}};
-  return names;
-}
-
-bool is_gpt(const std::string& model) { return model == "gpt" || model == "gpt2"; }
-
-// A tensor a Hugging Face file may hold that is not a weight of the model.
-bool skipped(const std::string& model, const std::string& name, bool tied_llama) {
-  static const std::regex gpt2_buffers(R"((transformer\.)?h\.\d+\.attn\.(bias|masked_bias))");
-  static const std::regex rotary(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
-  if (is_gpt(model)) return name == "lm_head.weight" || std::regex_match(name, gpt2_buffers);
-  return std::regex_match(name, rotary) || (tied_llama && name == "lm_head.weight");
-}
 
 std::string read_text(const fs::path& path) {
   std::ifstream file(path);
@@ -118,11 +99,11 @@ struct Expected {
   std::vector<int64_t> hf_shape;
 };
 
-Expected expected_of(const std::string& model, const std::string& name, const std::vector<int64_t>& shape,
+Expected expected_of(const Layout& layout, const std::string& name, const std::vector<int64_t>& shape,
                      bool prefixed) {
   Expected e;
-  e.hf = hf_name(model, name, &e.transposed);
-  if (is_gpt(model) && !prefixed) e.hf = e.hf.substr(std::string("transformer.").size());
+  e.hf = layout.name(name, &e.transposed);
+  if (!prefixed && e.hf.rfind(layout.optional_prefix, 0) == 0) e.hf = e.hf.substr(layout.optional_prefix.size());
   e.hf_shape = shape;
   if (e.transposed) std::swap(e.hf_shape[0], e.hf_shape[1]);
   return e;
@@ -130,21 +111,23 @@ Expected expected_of(const std::string& model, const std::string& name, const st
 
 // Checks the directory against the model's tensors (name, shape, dtype),
 // all before anything is read; returns each tensor's expectation.
-std::vector<Expected> check_directory(ModelFiles& files, const std::string& model, const std::string& dir,
+std::vector<Expected> check_directory(ModelFiles& files, const Layout& layout, const std::string& dir,
                                       const std::vector<detail::TensorSignature>& tensors) {
-  // GPT-2 files name the body "transformer." (GPT2LMHeadModel) or not (GPT2Model, OpenAI's release).
-  bool prefixed = !is_gpt(model);
-  for (const auto& [name, entry] : files.entries()) prefixed = prefixed || name.rfind("transformer.", 0) == 0;
-  const bool tied = std::none_of(tensors.begin(), tensors.end(),
-                                 [](const detail::TensorSignature& tensor) { return tensor.name == "lm_head.weight"; });
+  if (!layout.name) throw std::invalid_argument("a Hugging Face layout without a name mapping (hf::Layout::name)");
+  // Files name every tensor with the optional prefix, or none (GPT-2's GPT2LMHeadModel and GPT2Model).
+  bool prefixed = layout.optional_prefix.empty();
+  for (const auto& [name, entry] : files.entries()) prefixed = prefixed || name.rfind(layout.optional_prefix, 0) == 0;
   std::vector<Expected> expected;
+  std::set<std::string> expected_names;
   std::vector<detail::TensorSignature> model_side, file_side;
   for (const auto& tensor : tensors) {
-    expected.push_back(expected_of(model, tensor.name, tensor.shape, prefixed));
+    expected.push_back(expected_of(layout, tensor.name, tensor.shape, prefixed));
+    expected_names.insert(expected.back().hf);
     model_side.push_back({expected.back().hf, expected.back().hf_shape, tensor.dtype});
   }
+  // A tensor the model has is always read, even one the layout may skip (an untied head).
   for (const auto& [name, entry] : files.entries())
-    if (!skipped(model, name, tied)) file_side.push_back(entry.signature);
+    if (expected_names.count(name) || !layout.skipped || !layout.skipped(name)) file_side.push_back(entry.signature);
   detail::check_state_fits(dir, model_side, file_side);
   return expected;
 }
@@ -184,28 +167,10 @@ std::vector<detail::TensorSignature> signatures_of(const HeldModel& held) {
 
 }  // namespace
 
-std::string hf_name(const std::string& model, const std::string& name, bool* transposed) {
-  if (transposed) *transposed = false;
-  if (model == "llama") return name == "lm_head.weight" ? name : "model." + name;
-  if (!is_gpt(model)) throw std::invalid_argument("--model " + model + " has no Hugging Face layout (gpt, gpt2, llama)");
-  static const std::regex block(R"(blocks\.(\d+)\.(\w+)\.(weight|bias))");
-  std::smatch match;
-  if (std::regex_match(name, match, block)) {
-    for (const auto& [hf, ours] : gpt2_block_names()) {
-      if (ours != match[2].str()) continue;
-      if (transposed) *transposed = match[3] == "weight" && hf.rfind("ln_", 0) != 0;
-      return "transformer.h." + match[1].str() + "." + hf + "." + match[3].str();
-    }
-  }
-  for (const char* top : {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"})
-    if (name == top) return "transformer." + name;
-  throw std::invalid_argument("'" + name + "' has no Hugging Face GPT-2 name");
-}
-
-void load_into(const HeldModel& held, const std::string& model, const std::string& dir) {
+void load_into(const HeldModel& held, const Layout& layout, const std::string& dir) {
   torch::NoGradGuard no_grad;
   ModelFiles files(dir);
-  const std::vector<Expected> expected = check_directory(files, model, dir, signatures_of(held));
+  const std::vector<Expected> expected = check_directory(files, layout, dir, signatures_of(held));
   for (size_t i = 0; i < held.tensors.size(); ++i) {
     const HeldTensor& tensor = held.tensors[i];
     if (tensor.flat.numel() == 0) continue;
@@ -218,18 +183,18 @@ void load_into(const HeldModel& held, const std::string& model, const std::strin
   }
 }
 
-void check_fits(const torch::nn::Module& module, const std::string& model, const std::string& dir) {
+void check_fits(const torch::nn::Module& module, const Layout& layout, const std::string& dir) {
   ModelFiles files(dir);
   std::vector<detail::TensorSignature> tensors;
   for (const auto& item : module.named_parameters(true))
     tensors.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
-  check_directory(files, model, dir, tensors);
+  check_directory(files, layout, dir, tensors);
 }
 
-int export_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir, const ModelConfig& config,
-                      int64_t max_shard_bytes) {
+int export_checkpoint(const std::string& checkpoint_dir, const std::string& out_dir, const Layout& layout,
+                      const std::string& config_json, int64_t max_shard_bytes) {
   if (max_shard_bytes < 1) throw std::invalid_argument("the largest shard must be at least 1 byte");
-  const std::string config_text = config_json(config, config.json);
+  if (!layout.name) throw std::invalid_argument("a Hugging Face layout without a name mapping (hf::Layout::name)");
   std::error_code error;
   fs::create_directories(out_dir, error);
   if (error) throw std::runtime_error(out_dir + ": cannot be created (" + error.message() + ")");
@@ -242,7 +207,7 @@ int export_checkpoint(const std::string& checkpoint_dir, const std::string& out_
     std::vector<bool> transposed;
     for (const auto& entry : entries) {
       bool t = false;
-      renamed.push_back({hf_name(config.model, entry.name, &t), entry.dtype, entry.shape});
+      renamed.push_back({layout.name(entry.name, &t), entry.dtype, entry.shape});
       if (t) std::swap(renamed.back().shape[0], renamed.back().shape[1]);
       transposed.push_back(t);
     }
@@ -286,7 +251,7 @@ int export_checkpoint(const std::string& checkpoint_dir, const std::string& out_
     fs::remove(fs::path(out_dir) / "model.safetensors", error);
     files_written = static_cast<int>(shards.size()) + 1;
   });
-  save_text_atomically((fs::path(out_dir) / "config.json").string(), config_text);
+  save_text_atomically((fs::path(out_dir) / "config.json").string(), config_json);
   return files_written;
 }
 

@@ -12,7 +12,6 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
-#include <filesystem>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -43,9 +42,10 @@ void check_fits(const detail::RankFileReader& reader, const std::vector<Target>&
 }  // namespace
 
 void load_safetensors_into(const HeldModel& held, const std::string& path) {
-  // A Hugging Face model directory: its names and layouts mapped to dtrain's.
+  // A Hugging Face model directory names its tensors as the model's spec says.
   if (hf::is_model_directory(path))
-    return hf::load_into(held, hf::read_config((std::filesystem::path(path) / "config.json").string()).model, path);
+    throw std::runtime_error(path + " is a Hugging Face model directory: load it with hf::load_into and the model's "
+                             "hf::Layout (dtrain/hugging_face.h; ModelSpec::hugging_face)");
   torch::NoGradGuard no_grad;
   const detail::RankFileReader reader(path);
   std::vector<Target> targets;

@@ -95,14 +95,14 @@ BuiltModel gpt_stage(const TrainConfig& config, const DeviceMesh& mesh) {
   return model;
 }
 
-ModelSpec gpt_family(const std::string& summary) {
+ModelSpec gpt_family(const std::string& summary, bool gelu_tanh) {
   ModelSpec spec;
   spec.summary = summary;
   spec.build = [](const TrainConfig& c) { return built_model(models::GPT(gpt_config(c))); };
   spec.classification = false;
   spec.token_sequences = true;
   spec.checkpointable_blocks = true;
-  spec.hugging_face = true;
+  spec.hugging_face = gpt2_hugging_face(gelu_tanh);
   spec.check = [](const TrainConfig& c) {
     check_transformer_flags(c, /*llama=*/false);
     if (c.tp > 1 && c.gpt_heads % c.tp != 0)
@@ -142,7 +142,7 @@ ModelSpec llama() {
   spec.classification = false;
   spec.token_sequences = true;
   spec.checkpointable_blocks = true;
-  spec.hugging_face = true;
+  spec.hugging_face = llama_hugging_face();
   spec.check = [](const TrainConfig& c) { check_transformer_flags(c, /*llama=*/true); };
   spec.describe = [](const TrainConfig& c) {
     const int64_t kv = c.kv_heads > 0 ? c.kv_heads : c.gpt_heads;
@@ -248,20 +248,11 @@ models::LlamaConfig llama_config(const TrainConfig& config) {
   return llama;
 }
 
-hf::ModelConfig hf_model_config(const TrainConfig& config) {
-  hf::ModelConfig model;
-  model.model = config.model;
-  model.gpt = gpt_config(config);
-  model.llama = llama_config(config);
-  model.json = config.model_config_json;
-  return model;
-}
-
 void register_builtin_models(const std::function<void(const std::string&, ModelSpec)>& add) {
   add("mlp", mlp());
   add("cnn", cnn());
-  add("gpt", gpt_family("dtrain's byte-level GPT (--gpt-layers, --gpt-dim, --gpt-heads, --seq-len)"));
-  add("gpt2", gpt_family("GPT-2: the GPT with the tanh GELU; Hugging Face checkpoints in and out"));
+  add("gpt", gpt_family("dtrain's byte-level GPT (--gpt-layers, --gpt-dim, --gpt-heads, --seq-len)", /*gelu_tanh=*/false));
+  add("gpt2", gpt_family("GPT-2: the GPT with the tanh GELU; Hugging Face checkpoints in and out", /*gelu_tanh=*/true));
   add("llama", llama());
 }
 

@@ -1,8 +1,8 @@
 // The five models dtrain ships (mlp, cnn, gpt, gpt2, llama) as model specs
-// (dtrain/model_spec.h): the only place a run learns what they are.
+// (dtrain/model_spec.h): with builtin_models.cpp and builtin_hugging_face.cpp,
+// the only place a run learns what they are.
 #pragma once
 
-#include "dtrain/hugging_face.h"
 #include "dtrain/llama.h"
 #include "dtrain/model_spec.h"
 #include "dtrain/models.h"
@@ -27,9 +27,9 @@ void check_transformer_flags(const TrainConfig& config, bool llama);
 models::GPTConfig gpt_config(const TrainConfig& config);
 // The Llama the same flags, --kv-heads, --ffn-dim, --rope-theta describe.
 models::LlamaConfig llama_config(const TrainConfig& config);
-// The model as config.json describes it (gpt, gpt2, llama), on the file the
-// run was configured from when there is one: checkpoints keep it for
-// `dtrain checkpoint export --format hf`.
-hf::ModelConfig hf_model_config(const TrainConfig& config);
+// The transformers' Hugging Face adapters (builtin_hugging_face.cpp): GPT-2's
+// layout with the tanh GELU (gpt2) or the exact one (gpt), and Llama's.
+HuggingFaceAdapter gpt2_hugging_face(bool tanh);
+HuggingFaceAdapter llama_hugging_face();
 
 }  // namespace dtrain::train

@@ -3,6 +3,7 @@
 #include "checkpoint/held_state.h"
 #include "dtrain/checkpoint.h"
 #include "dtrain/hugging_face.h"
+#include "dtrain/model_spec.h"
 #include "dtrain/train.h"
 #include "train/model.h"
 
@@ -10,10 +11,31 @@
 
 namespace dtrain {
 namespace train {
+namespace {
 
-void load_initial_weights(torch::nn::Module& module, const std::string& path) {
+hf::Layout hugging_face_layout_or_refuse(const HuggingFaceLayout& layout, const std::string& path) {
+  if (!layout)
+    throw std::invalid_argument("--init-from " + path + " is a Hugging Face model directory, and the model's spec does "
+                                "not read one (ModelSpec::hugging_face)");
+  return layout();
+}
+
+}  // namespace
+
+void load_initial_weights(const HeldModel& held, const std::string& path, const HuggingFaceLayout& layout) {
+  const bool directory = hf::is_model_directory(path);
+  const hf::Layout names = directory ? hugging_face_layout_or_refuse(layout, path) : hf::Layout{};
   try {
-    if (hf::is_model_directory(path)) return load_safetensors_into(detail::held_by_module(module, nullptr), path);
+    if (directory) return hf::load_into(held, names, path);
+    load_safetensors_into(held, path);
+  } catch (const std::runtime_error& error) {
+    throw std::invalid_argument(std::string("--init-from: ") + error.what());
+  }
+}
+
+void load_initial_weights(torch::nn::Module& module, const std::string& path, const HuggingFaceLayout& layout) {
+  if (hf::is_model_directory(path)) return load_initial_weights(detail::held_by_module(module, nullptr), path, layout);
+  try {
     load_state_into(module, load_safetensors(path));
   } catch (const std::runtime_error& error) {
     throw std::invalid_argument(std::string("--init-from: ") + error.what());
@@ -31,8 +53,12 @@ void check_init_from(const TrainConfig& config) {
   whole.tp = 1;
   whole.sequence_parallel = false;
   const train::Model model = train::build_model(whole, /*deferred=*/true);
+  const ModelSpec& spec = train::model_spec(config);
   try {
-    if (hf::is_model_directory(config.init_from)) return hf::check_fits(*model.module, config.model, config.init_from);
+    if (hf::is_model_directory(config.init_from)) {
+      const train::HuggingFaceLayout layout = spec.hugging_face ? spec.hugging_face->layout : nullptr;
+      return hf::check_fits(*model.module, train::hugging_face_layout_or_refuse(layout, config.init_from), config.init_from);
+    }
     check_safetensors_fits(*model.module, config.init_from);
   } catch (const std::runtime_error& error) {
     throw std::invalid_argument(std::string("--init-from: ") + error.what());

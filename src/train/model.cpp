@@ -47,6 +47,7 @@ Model complete(BuiltModel built, const ModelSpec& spec, const std::string& hook)
   if (model.parameters == 0) model.parameters = models::parameter_count(*model.module);
   model.classification = spec.classification;
   model.token_sequences = spec.token_sequences;
+  if (spec.hugging_face) model.hugging_face_layout = spec.hugging_face->layout;
   return model;
 }
 

@@ -24,6 +24,8 @@ namespace dtrain::train {
 struct Model : BuiltModel {
   bool classification = true;     // ModelSpec::classification
   bool token_sequences = false;   // ModelSpec::token_sequences
+  // ModelSpec::hugging_face's layout, for --init-from DIR; unset without one.
+  std::function<hf::Layout()> hugging_face_layout;
 };
 
 // The spec --model names (dtrain/model_spec.h).

@@ -168,7 +168,7 @@ ParameterServerRun::ParameterServerRun(const TrainConfig& config, CommPtr world)
   memory::reset_peak();
   torch::manual_seed(config_.seed);  // the same layout everywhere; workers start from rank 0's values anyway
   model_ = build_model(config_);
-  if (!config_.init_from.empty()) load_initial_weights(*model_.module, config_.init_from);
+  if (!config_.init_from.empty()) load_initial_weights(*model_.module, config_.init_from, model_.hugging_face_layout);
   // The start (the whole model on every rank, and --init-from's file) is
   // measured apart from the steps, as run_training does.
   start_bytes_ = training_bytes();

@@ -1,7 +1,6 @@
 #include "train/run_report.h"
 
 #include "train/checkpointing.h"
-#include "train/builtin_models.h"
 #include "train/model.h"
 #include "train/progress.h"
 #include "train/stragglers.h"
@@ -105,7 +104,8 @@ std::map<std::string, std::string> run_description(const TrainConfig& c, int64_t
   // The architecture as Hugging Face's config.json, for `dtrain checkpoint export --format hf`.
   // A model of one's own: its --model-option settings, for `dtrain checkpoint inspect`.
   for (const auto& [key, value] : c.model_options) description["model_option." + key] = value;
-  if (model_spec(c).hugging_face) description["hf_config"] = hf::config_json(hf_model_config(c), c.model_config_json);
+  if (const auto& adapter = model_spec(c).hugging_face)
+    description["hf_config"] = adapter->write_config(c, c.model_config_json);
   if (c.tp > 1) description["tp"] = std::to_string(c.tp) + (c.sequence_parallel ? " (sequence parallel)" : "");
   return description;
 }

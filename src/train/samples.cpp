@@ -7,6 +7,8 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <stdexcept>
+
 namespace dtrain::train {
 
 std::vector<std::string> generate_samples(torch::nn::Module& model, int64_t seq_len, const SampleOptions& options,
@@ -25,9 +27,14 @@ std::vector<std::string> generate_samples(torch::nn::Module& model, int64_t seq_
   } restore_mode{model, model.is_training()};
   model.eval();
   torch::NoGradGuard no_grad;
-  auto tokens = models::sample_continuations(prompts, options.bytes, seq_len, options.temperature, /*top_k=*/0,
-                                             generator, forward)
+  auto tokens = (options.sampler ? options.sampler(prompts, options.bytes, generator, forward)
+                                 : models::sample_continuations(prompts, options.bytes, seq_len, options.temperature,
+                                                                /*top_k=*/0, generator, forward))
                     .contiguous();
+  if (tokens.dim() != 2 || tokens.size(0) != options.count || tokens.size(1) != prompts.size(1) + options.bytes)
+    throw std::runtime_error("ModelSpec::sample returned tokens of shape " + c10::str(tokens.sizes()) + ", not [" +
+                             std::to_string(options.count) + ", " + std::to_string(prompts.size(1) + options.bytes) +
+                             "] (the prompts and the new tokens)");
   std::vector<std::string> samples;
   for (int64_t i = 0; i < options.count; ++i) {
     if (options.tokenizer) {

@@ -22,6 +22,11 @@ struct SampleOptions {
   uint64_t seed = 0;
   // Encodes the prompt and decodes the samples; nullptr: bytes (ids 0-255).
   const data::Tokenizer* tokenizer = nullptr;
+  // ModelSpec::sample (prompts, new tokens, generator, forward -> tokens);
+  // unset: models::sample_continuations at `temperature`.
+  std::function<torch::Tensor(const torch::Tensor&, int64_t, at::Generator,
+                              const std::function<torch::Tensor(const torch::Tensor&)>&)>
+      sampler;
 };
 
 // `count` continuations of the prompt, prompt included, sampled from a

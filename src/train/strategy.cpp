@@ -68,15 +68,6 @@ CheckpointManifest load_on_mesh(const Model& model, const HeldModel& held, const
   return load_checkpoint(dir, held, &optimizer, model.mesh->world());
 }
 
-// --init-from under --tp: each rank reads its slices of the whole model's file.
-void init_on_mesh(const HeldModel& held, const std::string& path) {
-  try {
-    load_safetensors_into(held, path);
-  } catch (const std::runtime_error& error) {
-    throw std::invalid_argument(std::string("--init-from: ") + error.what());
-  }
-}
-
 torch::Tensor parameter_named(const torch::nn::Module& module, const std::string& name) {
   const auto named = module.named_parameters();
   const auto* found = named.find(name);
@@ -114,8 +105,8 @@ class SingleProcess final : public Strategy {
   }
   torch::Tensor updated_tensor(const std::string& name) override { return parameter_named(*model_.module, name); }
   void load_initial_weights(const std::string& path) override {
-    if (model_.mesh) return init_on_mesh(held(), path);
-    train::load_initial_weights(*model_.module, path);
+    if (model_.mesh) return train::load_initial_weights(held(), path, model_.hugging_face_layout);
+    train::load_initial_weights(*model_.module, path, model_.hugging_face_layout);
   }
 
  private:
@@ -160,8 +151,8 @@ class DataParallel final : public Strategy {
   }
   torch::Tensor updated_tensor(const std::string& name) override { return parameter_named(*model_.module, name); }
   void load_initial_weights(const std::string& path) override {
-    if (model_.mesh) return init_on_mesh(held(), path);
-    train::load_initial_weights(*model_.module, path);
+    if (model_.mesh) return train::load_initial_weights(held(), path, model_.hugging_face_layout);
+    train::load_initial_weights(*model_.module, path, model_.hugging_face_layout);
   }
 
  private:
@@ -219,13 +210,9 @@ class FullySharded final : public Strategy {
       if (shard.name == name) return shard.parameter;
     return {};
   }
+  // Each rank reads only the pieces it holds (under --tp, its slices).
   void load_initial_weights(const std::string& path) override {
-    if (model_.mesh) return init_on_mesh(held(), path);
-    try {
-      load_safetensors_into(fsdp_, path);
-    } catch (const std::runtime_error& error) {
-      throw std::invalid_argument(std::string("--init-from: ") + error.what());
-    }
+    train::load_initial_weights(held(), path, model_.hugging_face_layout);
   }
 
  private:

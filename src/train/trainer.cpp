@@ -527,10 +527,17 @@ void DataParallelRun::finish(double train_seconds) {
   if (model_.token_sequences && !stopped && config_.samples > 0) {  // --samples 0: none (Note [no empty batches])
     std::optional<data::Tokenizer> tokenizer;
     if (!config_.tokenizer.empty()) tokenizer.emplace(config_.tokenizer);
+    const ModelSpec& spec = train::model_spec(config_);
+    decltype(train::SampleOptions::sampler) sampler;
+    if (spec.sample)
+      sampler = [&](const torch::Tensor& prompts, int64_t new_tokens, at::Generator generator,
+                    const std::function<torch::Tensor(const torch::Tensor&)>& logits) {
+        return spec.sample(prompts, new_tokens, config_, std::move(generator), logits);
+      };
     result_.samples = train::generate_samples(
         *model_.module, config_.seq_len,
         {.count = config_.samples, .bytes = config_.sample_bytes, .prompt = config_.sample_prompt, .seed = config_.seed,
-         .tokenizer = tokenizer ? &*tokenizer : nullptr},
+         .tokenizer = tokenizer ? &*tokenizer : nullptr, .sampler = sampler},
         [&](const torch::Tensor& tokens) {
           // Sampling draws on the host; the model runs on this rank's device.
           if (!pipeline_) return model_.full_logits(strategy_->forward(tokens.to(device_))).to(torch::kCPU);

@@ -4,14 +4,16 @@
 //
 //   hf_logits MODEL_DIR TOKENS.safetensors OUT.safetensors [WEIGHTS.safetensors]
 //
-// Builds the model config.json in MODEL_DIR describes; loads its weights
-// from MODEL_DIR through dtrain::hf::load_into, or (given WEIGHTS) from a
-// file in dtrain's names (`dtrain checkpoint export` without --format).
+// Builds the registered model config.json in MODEL_DIR describes (through
+// the spec's Hugging Face adapter, as dtrain train does); loads its weights
+// from MODEL_DIR through dtrain::hf::load_into and the spec's layout, or
+// (given WEIGHTS) from a file in dtrain's names (`dtrain checkpoint export`
+// without --format).
 // TOKENS holds "tokens", int64 [B,T]; OUT gets "logits", fp32 [B,T,V].
 #include <dtrain/hugging_face.h>
-#include <dtrain/llama.h>
-#include <dtrain/models.h>
+#include <dtrain/model_spec.h>
 #include <dtrain/safetensors.h>
+#include <dtrain/train.h>
 
 #include <torch/torch.h>
 
@@ -26,18 +28,12 @@ int main(int argc, char** argv) {
   }
   try {
     const std::string dir = argv[1];
-    const auto config = dtrain::hf::read_config((std::filesystem::path(dir) / "config.json").string());
-    std::shared_ptr<torch::nn::Module> module;
-    std::function<torch::Tensor(const torch::Tensor&)> forward;
-    if (config.model == "llama") {
-      dtrain::models::Llama llama(config.llama);
-      module = llama.ptr();
-      forward = [llama](const torch::Tensor& tokens) mutable { return llama->forward(tokens); };
-    } else {
-      dtrain::models::GPT gpt(config.gpt);
-      module = gpt.ptr();
-      forward = [gpt](const torch::Tensor& tokens) mutable { return gpt->forward(tokens); };
-    }
+    dtrain::TrainConfig config;
+    config.model_config = (std::filesystem::path(dir) / "config.json").string();
+    dtrain::apply_model_config(config);
+    const dtrain::ModelSpec& spec = dtrain::find_model(config.model);
+    const dtrain::BuiltModel model = spec.build(config);
+    const std::shared_ptr<torch::nn::Module> module = model.module;
     if (argc == 5) {
       dtrain::load_state_into(*module, dtrain::load_safetensors(argv[4]));
     } else {
@@ -46,12 +42,12 @@ int main(int argc, char** argv) {
         const auto& p = item.value();
         held.tensors.push_back({item.key(), p.sizes().vec(), 0, p.numel(), p.detach().view(-1), 1, 0, p, {}});
       }
-      dtrain::hf::load_into(held, config.model, dir);
+      dtrain::hf::load_into(held, spec.hugging_face->layout(), dir);
     }
     module->eval();
     torch::NoGradGuard no_grad;
     const auto tokens = dtrain::load_safetensors(argv[2]).at("tokens");
-    dtrain::save_safetensors(argv[3], {{"logits", forward(tokens)}});
+    dtrain::save_safetensors(argv[3], {{"logits", model.forward(tokens)}});
     return 0;
   } catch (const std::exception& error) {
     std::cerr << "hf_logits: " << error.what() << "\n";
