@@ -69,6 +69,7 @@ class Config {
  private:
   struct Fields;
   Config(std::shared_ptr<const Fields> fields, std::string text, std::string where);
+  void require_value(const std::string& key, const Fields& supported, const std::string& why) const;
   std::shared_ptr<const Fields> fields_;
   std::string text_;
   std::string where_;

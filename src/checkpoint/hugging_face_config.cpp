@@ -76,14 +76,17 @@ Config Config::object(const std::string& key) const {
   return Config(std::move(fields), std::move(text), where_ + ": \"" + key + "\"");
 }
 
-void Config::require(const std::string& key, bool supported, const std::string& why) const {
-  if (has(key) && fields_->json[key] != nlohmann::json(supported))
+void Config::require_value(const std::string& key, const Fields& supported, const std::string& why) const {
+  if (has(key) && fields_->json[key] != supported.json)
     fail("\"" + key + "\": " + fields_->json[key].dump() + " is not supported (" + why + ")");
 }
 
+void Config::require(const std::string& key, bool supported, const std::string& why) const {
+  require_value(key, Fields{supported}, why);
+}
+
 void Config::require(const std::string& key, const std::string& supported, const std::string& why) const {
-  if (has(key) && fields_->json[key] != nlohmann::json(supported))
-    fail("\"" + key + "\": " + fields_->json[key].dump() + " is not supported (" + why + ")");
+  require_value(key, Fields{supported}, why);
 }
 
 bool is_model_directory(const std::string& path) {

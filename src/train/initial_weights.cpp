@@ -53,12 +53,10 @@ void check_init_from(const TrainConfig& config) {
   whole.tp = 1;
   whole.sequence_parallel = false;
   const train::Model model = train::build_model(whole, /*deferred=*/true);
-  const ModelSpec& spec = train::model_spec(config);
   try {
-    if (hf::is_model_directory(config.init_from)) {
-      const train::HuggingFaceLayout layout = spec.hugging_face ? spec.hugging_face->layout : nullptr;
-      return hf::check_fits(*model.module, train::hugging_face_layout_or_refuse(layout, config.init_from), config.init_from);
-    }
+    if (hf::is_model_directory(config.init_from))
+      return hf::check_fits(*model.module, train::hugging_face_layout_or_refuse(model.hugging_face_layout, config.init_from),
+                            config.init_from);
     check_safetensors_fits(*model.module, config.init_from);
   } catch (const std::runtime_error& error) {
     throw std::invalid_argument(std::string("--init-from: ") + error.what());
