@@ -7,13 +7,21 @@
 // of the body: "embed_tokens", "layers.N.self_attn.q_proj", ..., "norm",
 // "lm_head". Each block ("layers.N") is an FSDP unit, as the GPT's are, so
 // every strategy trains it unchanged.
+//
+// A pipeline stage (LlamaPart) is the same class holding consecutive blocks,
+// with embed_tokens on the first stage and norm and the head on the last,
+// under the whole model's names, each module initialised from the generator
+// its name gives: the stages built after torch::manual_seed(s) hold exactly
+// the weights of Llama(config) built after the same seed. With tied
+// embeddings and several stages the last stage holds its own copy of
+// embed_tokens (equal at the start, an FSDP unit of its own on both ends);
+// pp::sum_tied_gradients sums the copies' gradients after each backward.
 #pragma once
 
 #include <dtrain/deferred_init.h>
 #include <dtrain/fsdp.h>
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
@@ -39,17 +47,34 @@ struct LlamaConfig {
   double dropout = 0.0;         // on the attention weights (attention_dropout)
 };
 
+// Which part of the model a pipeline stage holds: stage `stage` of `stages`,
+// blocks [first_block, last_block). The default is the whole model.
+struct LlamaPart {
+  int stage = 0;
+  int stages = 1;
+  int64_t first_block = 0;
+  int64_t last_block = -1;  // -1: n_layer
+  bool is_first() const { return stage == 0; }
+  bool is_last() const { return stage == stages - 1; }
+};
+
+// Checks a LlamaConfig (std::invalid_argument naming the field) and, when
+// given, that `part` fits it; returns the part with last_block resolved.
+LlamaPart check_llama(const LlamaConfig& config, LlamaPart part = {});
+
 // 8/3 x dim rounded up to a multiple of 64: Llama's MLP width rule, less the
 // final rounding to 256 that only the large models need.
 int64_t default_ffn_dim(int64_t dim);
 
 // y = x / sqrt(mean(x^2) + eps) * weight over the last dimension, computed
 // in fp32 and cast back (as Hugging Face's LlamaRMSNorm). Weight starts at 1.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t dim, double eps);
   torch::Tensor forward(const torch::Tensor& x);
   void reset_parameters();
+  double eps() const { return eps_; }
   torch::Tensor weight;
 
  private:
@@ -103,15 +128,24 @@ TORCH_MODULE(LlamaBlock);
 // base theta, fp32, on `device`.
 std::pair<torch::Tensor, torch::Tensor> rotary_tables(int64_t T, int64_t head_dim, double theta,
                                                       const torch::Device& device);
+// x [B,h,T,d] rotated by the tables [T,d]: x*cos + rotate_half(x)*sin, where
+// rotate_half(x) = (-x2, x1) for x = (x1, x2) split at d/2.
+torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+// Hugging Face's initialisation of one Llama module (Linear and Embedding
+// weights ~ N(0, 0.02), RMSNorm weights 1).
+void init_llama_module(torch::nn::Module& module, at::Generator& generator);
 
 // embed_tokens -> n_layer LlamaBlocks ("layers") -> norm -> lm_head (or the
 // embedding's transpose when tied). Initialisation as Hugging Face's: Linear
 // and Embedding weights ~ N(0, 0.02), RMSNorm weights 1.
 class LlamaImpl : public torch::nn::Module, public DeferredInit {
  public:
-  explicit LlamaImpl(const LlamaConfig& config);
-  // int64 tokens [B,T], T <= seq_len -> logits [B,T,vocab_size]
-  torch::Tensor forward(torch::Tensor tokens);
+  explicit LlamaImpl(const LlamaConfig& config, LlamaPart part = {});
+  // int64 tokens [B,T], T <= seq_len -> logits [B,T,vocab_size]. A stage:
+  // the first takes the tokens, the others the previous stage's [B,T,dim];
+  // all but the last return [B,T,dim].
+  torch::Tensor forward(torch::Tensor input);
   const LlamaConfig& config() const { return config_; }
   void init_module(const std::string& name, torch::nn::Module& module, at::Generator& generator) override;
   // parameter_count(Llama(config)) without building it.
@@ -119,8 +153,8 @@ class LlamaImpl : public torch::nn::Module, public DeferredInit {
 
  private:
   LlamaConfig config_;
+  LlamaPart part_;
   torch::nn::Embedding embed_tokens_{nullptr};
-  torch::nn::ModuleList layers_{nullptr};
   std::vector<dtrain::Sharded<LlamaBlock>> layer_calls_;
   RMSNorm norm_{nullptr};
   torch::nn::Linear lm_head_{nullptr};

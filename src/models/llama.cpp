@@ -7,9 +7,7 @@
 
 namespace dtrain::models {
 
-namespace {
-
-void check_config(const LlamaConfig& c) {
+LlamaPart check_llama(const LlamaConfig& c, LlamaPart part) {
   auto positive = [](const char* name, int64_t value) {
     if (value <= 0)
       throw std::invalid_argument(std::string("LlamaConfig: ") + name + " must be positive, got " + std::to_string(value));
@@ -34,31 +32,51 @@ void check_config(const LlamaConfig& c) {
   if (!(c.rms_norm_eps > 0.0)) throw std::invalid_argument("LlamaConfig: rms_norm_eps must be positive");
   if (c.dropout < 0.0 || c.dropout >= 1.0)
     throw std::invalid_argument("LlamaConfig: dropout must be in [0, 1), got " + std::to_string(c.dropout));
+  if (part.last_block < 0) part.last_block = c.n_layer;
+  if (part.stages < 1 || part.stage < 0 || part.stage >= part.stages || part.first_block < 0 ||
+      part.last_block < part.first_block || part.last_block > c.n_layer)
+    throw std::invalid_argument("Llama: stage " + std::to_string(part.stage) + " of " + std::to_string(part.stages) +
+                                " with blocks [" + std::to_string(part.first_block) + ", " +
+                                std::to_string(part.last_block) + ") of " + std::to_string(c.n_layer));
+  return part;
 }
-
-}  // namespace
 
 int64_t default_ffn_dim(int64_t dim) {
   const int64_t width = (8 * dim + 2) / 3;
   return (width + 63) / 64 * 64;
 }
 
-LlamaImpl::LlamaImpl(const LlamaConfig& config) : config_(config) {
-  check_config(config_);
-  embed_tokens_ = register_module("embed_tokens", deferred(torch::nn::Embedding(config_.vocab_size, config_.dim)));
-  layers_ = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config_.n_layer; ++i) {
-    layer_calls_.emplace_back(LlamaBlock(config_).ptr());  // an FSDP unit when sharded
-    layers_->push_back(layer_calls_.back());
+LlamaImpl::LlamaImpl(const LlamaConfig& config, LlamaPart part) : config_(config), part_(check_llama(config, part)) {
+  // Registration order and names as the whole model's. With tied embeddings
+  // the last stage's embed_tokens is the head's copy: an FSDP unit of its own
+  // on the first and the last stage, so both hold the same shard of it and
+  // pp::sum_tied_gradients sums the copies shard by shard.
+  const bool tied_copy = config_.tie_embeddings && part_.stages > 1;
+  if (part_.is_first() || (part_.is_last() && config_.tie_embeddings)) {
+    embed_tokens_ = register_module("embed_tokens", deferred(torch::nn::Embedding(config_.vocab_size, config_.dim)));
+    if (tied_copy) dtrain::detail::declare_unit(embed_tokens_.ptr());
   }
-  norm_ = register_module("norm", deferred(RMSNorm(config_.dim, config_.rms_norm_eps)));
-  if (!config_.tie_embeddings)
-    lm_head_ = register_module(
-        "lm_head", deferred(torch::nn::Linear(torch::nn::LinearOptions(config_.dim, config_.vocab_size).bias(false))));
+  // "layers.<i>" with the whole model's indices: a plain container, not a
+  // ModuleList (which numbers from 0).
+  auto layers = register_module("layers", std::make_shared<torch::nn::Module>());
+  for (int64_t i = part_.first_block; i < part_.last_block; ++i) {
+    layer_calls_.emplace_back(LlamaBlock(config_).ptr());  // an FSDP unit when sharded
+    layers->register_module(std::to_string(i), layer_calls_.back().ptr());
+  }
+  if (part_.is_last()) {
+    norm_ = register_module("norm", deferred(RMSNorm(config_.dim, config_.rms_norm_eps)));
+    if (!config_.tie_embeddings)
+      lm_head_ = register_module(
+          "lm_head", deferred(torch::nn::Linear(torch::nn::LinearOptions(config_.dim, config_.vocab_size).bias(false))));
+  }
   initialize_unless_deferred(*this);
 }
 
 void LlamaImpl::init_module(const std::string& /*name*/, torch::nn::Module& module, at::Generator& generator) {
+  init_llama_module(module, generator);
+}
+
+void init_llama_module(torch::nn::Module& module, at::Generator& generator) {
   torch::NoGradGuard no_grad;
   if (auto* linear = module.as<torch::nn::Linear>()) {
     linear->weight.normal_(0.0, 0.02, generator);
@@ -71,20 +89,28 @@ void LlamaImpl::init_module(const std::string& /*name*/, torch::nn::Module& modu
   }
 }
 
-torch::Tensor LlamaImpl::forward(torch::Tensor tokens) {
-  check_materialized(embed_tokens_->weight, "Llama");
-  TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong,
-              "Llama: expected int64 tokens of shape [B,T], got ", tokens.scalar_type(), " ", tokens.sizes());
-  TORCH_CHECK(tokens.size(1) <= config_.seq_len, "Llama: sequence of ", tokens.size(1),
-              " tokens is longer than its context of ", config_.seq_len);
-  auto x = embed_tokens_->forward(tokens);
+torch::Tensor LlamaImpl::forward(torch::Tensor input) {
+  torch::Tensor x = input;
+  if (part_.is_first()) {
+    check_materialized(embed_tokens_->weight, "Llama");
+    TORCH_CHECK(input.dim() == 2 && input.scalar_type() == torch::kLong,
+                "Llama: expected int64 tokens of shape [B,T], got ", input.scalar_type(), " ", input.sizes());
+    TORCH_CHECK(input.size(1) <= config_.seq_len, "Llama: sequence of ", input.size(1),
+                " tokens is longer than its context of ", config_.seq_len);
+    const auto embed = [this](const torch::Tensor& tokens) { return embed_tokens_->forward(tokens); };
+    x = dtrain::detail::run_unit(embed_tokens_.get(), embed, input);
+  }
   for (auto& layer : layer_calls_) x = layer(x);
+  if (!part_.is_last()) return x;
   x = norm_->forward(x);
-  return config_.tie_embeddings ? x.matmul(embed_tokens_->weight.t()) : lm_head_->forward(x);
+  if (!config_.tie_embeddings) return lm_head_->forward(x);
+  // The tied head, as embed_tokens' unit (gathered for it when it is one).
+  return dtrain::detail::run_unit(
+      embed_tokens_.get(), [this](const torch::Tensor& h) { return h.matmul(embed_tokens_->weight.t()); }, x);
 }
 
 int64_t LlamaImpl::parameter_count(const LlamaConfig& config) {
-  check_config(config);
+  check_llama(config);
   const int64_t C = config.dim, head_dim = C / config.n_head;
   const int64_t F = config.ffn_dim > 0 ? config.ffn_dim : default_ffn_dim(C);
   const int64_t attention = C * config.n_head * head_dim * 2 + C * config.n_kv_head * head_dim * 2;

@@ -18,11 +18,13 @@ void RMSNormImpl::reset_parameters() {
   weight.fill_(1.0);
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   const auto x32 = x.to(torch::kFloat);
-  const auto normalized = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  const auto normalized = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * normalized.to(x.scalar_type());
 }
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return rms_norm(x, weight, eps_); }
 
 std::pair<torch::Tensor, torch::Tensor> rotary_tables(int64_t T, int64_t head_dim, double theta,
                                                       const torch::Device& device) {
@@ -37,17 +39,11 @@ std::pair<torch::Tensor, torch::Tensor> rotary_tables(int64_t T, int64_t head_di
   return {both_halves.cos(), both_halves.sin()};
 }
 
-namespace {
-
-// x [B,h,T,d] rotated by the tables [T,d]: x*cos + rotate_half(x)*sin, where
-// rotate_half(x) = (-x2, x1) for x = (x1, x2) split at d/2.
 torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
   const auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos.to(x.scalar_type()) + rotated * sin.to(x.scalar_type());
 }
-
-}  // namespace
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config) : config_(config) {
   const int64_t head_dim = config.dim / config.n_head;

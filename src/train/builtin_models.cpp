@@ -1,7 +1,7 @@
 // The built-in models' specs (src/train/builtin_models.h). Each says how to
 // build the model, what it trains on, how to describe and count it, and
-// which parallel hooks it has: the GPT family has tensor-parallel and
-// pipeline-stage builders, llama neither yet.
+// which parallel hooks it has: the GPT family and llama have tensor-parallel
+// and pipeline-stage builders.
 #include "train/builtin_models.h"
 
 #include "dtrain/deferred_init.h"
@@ -13,6 +13,7 @@
 #include "dtrain/plan.h"
 #include "dtrain/tp_gpt.h"
 #include "dtrain/tp_gpt_stage.h"
+#include "dtrain/tp_llama.h"
 #include "dtrain/train.h"
 #include "train/model.h"
 
@@ -57,6 +58,24 @@ double transformer_flops(const TrainConfig& c, double matmul_parameters) {
   return 6 * matmul_parameters + 12.0 * static_cast<double>(c.gpt_layers * c.seq_len * c.gpt_dim);
 }
 
+// What a pipeline stage of a transformer says about itself besides its
+// module: its group, the shapes it sends, and the tied weight the first and
+// last stages both hold ("" = none).
+void describe_stage(BuiltModel& model, const DeviceMesh& mesh, const std::string& tied_weight, int64_t width,
+                    int64_t vocab_part) {
+  model.pp_group = mesh.comm("pp");
+  model.tied_weight = tied_weight;
+  const int stage = mesh.rank("pp"), stages = mesh.size("pp");
+  // The last stage's copy of a tied weight is counted on the first.
+  if (!tied_weight.empty() && stages > 1 && stage == stages - 1) model.tied_copy = tied_weight;
+  model.activation_shape = [width](int64_t samples, int64_t positions) {
+    return std::vector<int64_t>{samples, positions, width};
+  };
+  model.output_shape = [vocab_part](int64_t samples, int64_t positions) {
+    return std::vector<int64_t>{samples, positions, vocab_part};
+  };
+}
+
 BuiltModel gpt_tensor_parallel(const TrainConfig& config, CommPtr tp_group) {
   BuiltModel model = tensor_parallel_model(models::TPGPT(gpt_config(config), tp_group, config.sequence_parallel), tp_group);
   model.parameters = models::GPTImpl::parameter_count(gpt_config(config));
@@ -76,23 +95,54 @@ BuiltModel gpt_stage(const TrainConfig& config, const DeviceMesh& mesh) {
   } else {
     model = built_model(models::GPTStage(gpt, stage, stages, blocks.first, blocks.last));
   }
-  // The last stage's copy of the tied wte is counted on the first.
-  model.tied_weight = "wte.weight";
-  if (stages > 1 && stage == stages - 1) model.tied_copy = "wte.weight";
-  model.pp_group = mesh.comm("pp");
+  describe_stage(model, mesh, "wte.weight", config.gpt_dim, gpt.vocab_size / config.tp);
   {
     DeferredConstruction deferring;  // names, shapes and dtypes only
     model.whole = models::GPT(gpt).ptr();
   }
-  const int64_t width = config.gpt_dim, vocab_part = gpt.vocab_size / config.tp;
-  model.activation_shape = [width](int64_t samples, int64_t positions) {
-    return std::vector<int64_t>{samples, positions, width};
-  };
-  model.output_shape = [vocab_part](int64_t samples, int64_t positions) {
-    return std::vector<int64_t>{samples, positions, vocab_part};
-  };
   model.parameters = models::GPTImpl::parameter_count(gpt);
   return model;
+}
+
+BuiltModel llama_tensor_parallel(const TrainConfig& config, CommPtr tp_group) {
+  BuiltModel model =
+      tensor_parallel_model(models::TPLlama(llama_config(config), tp_group, config.sequence_parallel), tp_group);
+  model.parameters = models::LlamaImpl::parameter_count(llama_config(config));
+  return model;
+}
+
+// This rank's stage of Llama on `mesh`, its blocks divided evenly among the
+// stages; with "tp" on the mesh, split by tensor parallelism too.
+BuiltModel llama_stage(const TrainConfig& config, const DeviceMesh& mesh) {
+  const int stage = mesh.rank("pp"), stages = mesh.size("pp");
+  const models::LlamaConfig llama = llama_config(config);
+  const pp::StageBlocks blocks = pp::divide_blocks(llama.n_layer, stages)[static_cast<size_t>(stage)];
+  const models::LlamaPart part{stage, stages, blocks.first, blocks.last};
+  BuiltModel model;
+  if (config.tp > 1) {
+    const CommPtr tp_group = mesh.comm("tp");
+    model = tensor_parallel_model(models::TPLlama(llama, tp_group, /*sequence_parallel=*/false, part), tp_group);
+  } else {
+    model = built_model(models::Llama(llama, part));
+  }
+  describe_stage(model, mesh, llama.tie_embeddings ? "embed_tokens.weight" : "", llama.dim,
+                 llama.vocab_size / config.tp);
+  {
+    DeferredConstruction deferring;  // names, shapes and dtypes only
+    model.whole = models::Llama(llama).ptr();
+  }
+  model.parameters = models::LlamaImpl::parameter_count(llama);
+  return model;
+}
+
+// --tp and --pp checks every transformer shares.
+void check_transformer_mesh(const TrainConfig& c) {
+  if (c.tp > 1 && c.gpt_heads % c.tp != 0)
+    fail("--tp " + std::to_string(c.tp) + " does not divide --gpt-heads " + std::to_string(c.gpt_heads) +
+         " (each rank computes whole heads)");
+  if (c.pp > 1 && c.gpt_layers < c.pp)
+    fail("--pp " + std::to_string(c.pp) + " needs at least " + std::to_string(c.pp) +
+         " blocks (one per stage), got --gpt-layers " + std::to_string(c.gpt_layers));
 }
 
 ModelSpec gpt_family(const std::string& summary, bool gelu_tanh) {
@@ -105,12 +155,7 @@ ModelSpec gpt_family(const std::string& summary, bool gelu_tanh) {
   spec.hugging_face = gpt2_hugging_face(gelu_tanh);
   spec.check = [](const TrainConfig& c) {
     check_transformer_flags(c, /*llama=*/false);
-    if (c.tp > 1 && c.gpt_heads % c.tp != 0)
-      fail("--tp " + std::to_string(c.tp) + " does not divide --gpt-heads " + std::to_string(c.gpt_heads) +
-           " (each rank computes whole heads)");
-    if (c.pp > 1 && c.gpt_layers < c.pp)
-      fail("--pp " + std::to_string(c.pp) + " needs at least " + std::to_string(c.pp) +
-           " blocks (one per stage), got --gpt-layers " + std::to_string(c.gpt_layers));
+    check_transformer_mesh(c);
   };
   spec.describe = [](const TrainConfig& c) {
     std::ostringstream text;
@@ -143,7 +188,14 @@ ModelSpec llama() {
   spec.token_sequences = true;
   spec.checkpointable_blocks = true;
   spec.hugging_face = llama_hugging_face();
-  spec.check = [](const TrainConfig& c) { check_transformer_flags(c, /*llama=*/true); };
+  spec.check = [](const TrainConfig& c) {
+    check_transformer_flags(c, /*llama=*/true);
+    check_transformer_mesh(c);
+    const int64_t width = c.ffn_dim > 0 ? c.ffn_dim : models::default_ffn_dim(c.gpt_dim);
+    if (c.tp > 1 && width % c.tp != 0)
+      fail("--tp " + std::to_string(c.tp) + " does not divide the MLP's width of " + std::to_string(width) +
+           " (--ffn-dim)");
+  };
   spec.describe = [](const TrainConfig& c) {
     const int64_t kv = c.kv_heads > 0 ? c.kv_heads : c.gpt_heads;
     std::ostringstream text;
@@ -157,6 +209,8 @@ ModelSpec llama() {
     const int64_t lookups = c.tie_embeddings ? 0 : c.vocab_size * c.gpt_dim;
     return transformer_flops(c, static_cast<double>(parameters - lookups));
   };
+  spec.tensor_parallel = llama_tensor_parallel;
+  spec.pipeline_stage = llama_stage;
   return spec;
 }
 

@@ -18,12 +18,21 @@ tensor shows (LayerNorm weights are not all 1, biases not all 0).
 2. Training: `dtrain train --init-from DIR --strategy fsdp` on 2 ranks, 10
    AdamW steps on a token file in order (--shuffle false), gives each step's
    loss within 1e-4 of the same training in PyTorch from the same weights
-   and windows (AdamW, the cosine schedule dtrain logs); for GPT-2, so does
-   --tp 2 (each rank reading its slices of the transposed weights).
+   and windows (AdamW, the cosine schedule dtrain logs); so does the same
+   training on a mesh, each rank reading its slices of the directory's
+   weights: GPT-2 on --tp 2 (transposed weights), the GQA Llama on
+   (dp, tp) = (2, 2) under FSDP, the tied Llama on (dp, pp, tp) = (1, 2, 2)
+   (its single key/value head whole on both tp ranks, the tied head on
+   both ends of the pipeline).
 3. Export: `dtrain checkpoint export --format hf` of the trained checkpoint
    loads in transformers (from_pretrained) and gives the logits dtrain
    computes from the same checkpoint in its own names (export without
-   --format) within 1e-5, and the PyTorch-trained model's within 1e-4.
+   --format) within 1e-5, and the PyTorch-trained model's within 1e-4. For
+   the Llamas, so does the checkpoint saved on the mesh, against dtrain's
+   logits of it. (Against the PyTorch-trained model it is 9.1e-5 away for
+   the tied Llama, 1.7e-5 for FSDP's: AdamW turns the mesh's other summation
+   order in gradients near zero into steps of either sign, the same reason
+   GPT-2's key biases, whose gradient is zero, differ by 9.5e-5.)
 4. Refusals (exit code 2, the message naming the problem): a directory that
    lacks a tensor, one with a tensor the model does not have, a shape that
    differs, a config with rope_scaling, an architecture flag next to the
@@ -172,31 +181,40 @@ def check_training(dtrain, hf_logits, folder, name, model, model_dir, probe):
     with open(data, "wb") as f:
         f.write(struct.pack("<%dH" % len(ids), *ids))
     checkpoints = os.path.join(folder, name + "-checkpoints")
+    mesh_checkpoints = os.path.join(folder, name + "-mesh-checkpoints")
+    llama = name.startswith("llama")
     losses, logged_lrs = dtrain_training(dtrain, folder, name, model_dir, data,
                                          ["--strategy", "fsdp", "--nproc", "2"], checkpoints)
     lrs = [cosine(step) for step in range(STEPS)]
     if any(abs(logged - lr) > 1e-12 for logged, lr in zip(logged_lrs, lrs)):
         fail("%s: dtrain's learning rates %s are not the schedule %s" % (name, logged_lrs, lrs))
-    # GPT-2 is the GPT's layout: tensor parallelism splits it too, each rank
-    # reading its slices of the directory's (transposed) weights.
-    tensor_parallel = None
-    if name == "gpt2":
-        tensor_parallel, _ = dtrain_training(dtrain, folder, name + "-tp", model_dir, data,
-                                             ["--strategy", "single", "--tp", "2", "--nproc", "2"])
+    # On a mesh each rank reads its slices of the directory's weights; the
+    # Llamas' exports below come from the checkpoints saved there.
+    mesh = {"gpt2": ["--strategy", "single", "--tp", "2", "--nproc", "2"],
+            "llama-gqa": ["--strategy", "fsdp", "--tp", "2", "--nproc", "4"],
+            "llama-tied-sharded": ["--strategy", "single", "--tp", "2", "--pp", "2", "--microbatches", "2",
+                                   "--nproc", "4"]}[name]
+    tensor_parallel, _ = dtrain_training(dtrain, folder, name + "-mesh", model_dir, data, mesh,
+                                         mesh_checkpoints if llama else None)
     reference = python_training(model, ids, lrs)
     worst = max(abs(a - b) for a, b in zip(losses, reference))
     say("%s: FSDP on 2 ranks vs PyTorch, 10 AdamW steps: loss %.5f -> %.5f, worst difference %.2e" %
         (name, losses[0], losses[-1], worst))
     if worst > 1e-4:
         fail("%s: dtrain's losses %s differ from PyTorch's %s by %.2e (> 1e-4)" % (name, losses, reference, worst))
-    if tensor_parallel:
-        worst = max(abs(a - b) for a, b in zip(tensor_parallel, reference))
-        say("%s: --tp 2 vs PyTorch: worst difference %.2e" % (name, worst))
-        if worst > 1e-4:
-            fail("%s: --tp 2's losses %s differ from PyTorch's %s by %.2e (> 1e-4)" % (name, tensor_parallel, reference,
-                                                                                      worst))
+    worst = max(abs(a - b) for a, b in zip(tensor_parallel, reference))
+    say("%s: %s vs PyTorch: worst difference %.2e" % (name, " ".join(mesh), worst))
+    if worst > 1e-4:
+        fail("%s: the losses on %s, %s, differ from PyTorch's %s by %.2e (> 1e-4)" %
+             (name, " ".join(mesh), tensor_parallel, reference, worst))
 
-    # Export the last checkpoint both ways; transformers loads the hf one.
+    check_export(dtrain, hf_logits, folder, name, model, probe, checkpoints, against_python=True)
+    if llama:
+        check_export(dtrain, hf_logits, folder, name + "-mesh", model, probe, mesh_checkpoints, against_python=False)
+
+
+def check_export(dtrain, hf_logits, folder, name, model, probe, checkpoints, against_python):
+    """Exports the last checkpoint both ways; transformers loads the hf one."""
     last = sorted(glob.glob(os.path.join(checkpoints, "*")))[-1]
     exported = os.path.join(folder, name + "-exported")
     run([dtrain, "checkpoint", "export", last, "--to", exported, "--format", "hf", "--max-shard-size", "30KB"])
@@ -215,7 +233,7 @@ def check_training(dtrain, hf_logits, folder, name, model, model_dir, probe):
         "the PyTorch-trained model's by %.2e" % (name, shards, by_dtrain, by_python))
     if by_dtrain > 1e-5:
         fail("%s: transformers' logits of the export differ from dtrain's by %.2e (> 1e-5)" % (name, by_dtrain))
-    if by_python > 1e-4:
+    if against_python and by_python > 1e-4:
         fail("%s: the export's logits differ from the PyTorch-trained model's by %.2e (> 1e-4)" % (name, by_python))
     if shards < 2:
         fail("%s: --max-shard-size 30KB wrote %d safetensors file(s); expected shards and an index" % (name, shards))

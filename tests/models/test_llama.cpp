@@ -125,3 +125,44 @@ TEST(Llama, RejectsBadConfigs) {
 }
 
 }  // namespace
+
+namespace {
+
+// Pipeline stages (dtrain::models::LlamaPart): each stage holds the whole
+// model's weights under its names, and running the stages in turn gives the
+// whole model's logits, tied or not.
+void check_stages_compose(bool tied) {
+  LlamaConfig config = tiny_llama_config();
+  config.n_layer = 3;
+  config.tie_embeddings = tied;
+  torch::manual_seed(4);
+  Llama whole(config);
+  const auto whole_parameters = whole->named_parameters();
+  std::vector<Llama> stages;
+  const int64_t first[] = {0, 1, 2}, last[] = {1, 2, 3};
+  for (int s = 0; s < 3; ++s) {
+    torch::manual_seed(4);
+    stages.emplace_back(config, dtrain::models::LlamaPart{s, 3, first[s], last[s]});
+    for (const auto& item : stages.back()->named_parameters()) {
+      ASSERT_TRUE(whole_parameters.contains(item.key())) << item.key();
+      EXPECT_TRUE(item.value().equal(whole_parameters[item.key()])) << "stage " << s << ": " << item.key();
+    }
+  }
+  EXPECT_EQ(stages[0]->named_parameters().contains("lm_head.weight"), false);
+  EXPECT_EQ(stages[2]->named_parameters().contains("embed_tokens.weight"), tied);  // the tied head's copy
+  EXPECT_EQ(stages[1]->named_parameters().size(), 9u);                             // one block
+  const auto tokens = torch::randint(0, config.vocab_size, {2, 7}, torch::kLong);
+  torch::NoGradGuard no_grad;
+  auto x = tokens;
+  for (auto& stage : stages) x = stage->forward(x);
+  EXPECT_TRUE(torch::allclose(x, whole->forward(tokens), 1e-6, 1e-6));
+}
+
+TEST(Llama, StagesHoldTheWholeModelsWeightsAndCompose) {
+  check_stages_compose(/*tied=*/false);
+  check_stages_compose(/*tied=*/true);
+  EXPECT_THROW(Llama(tiny_llama_config(), dtrain::models::LlamaPart{2, 2, 0, 1}), std::invalid_argument);
+  EXPECT_THROW(Llama(tiny_llama_config(), dtrain::models::LlamaPart{0, 2, 1, 3}), std::invalid_argument);
+}
+
+}  // namespace
