@@ -98,6 +98,9 @@ TrainConfig train_config_of(const PlanFlags& f, const ModelSpec& spec) {
   config.gpt_heads = f.gpt_heads;
   config.seq_len = f.seq_len;
   config.vocab_size = f.vocab_size;
+  config.kv_heads = f.kv_heads;
+  config.ffn_dim = f.ffn_dim;
+  config.tie_embeddings = f.tie_embeddings;
   config.tp = f.tp;
   config.sequence_parallel = f.sequence_parallel;
   config.pp = f.pp;
@@ -412,6 +415,10 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
       ->capture_default_str();
   cmd->add_option("--vocab-size", f.vocab_size, "GPT vocabulary (as dtrain train --vocab-size)")->check(at_least(1))
       ->capture_default_str();
+  cmd->add_option("--kv-heads", f.kv_heads, "Key/value heads, dividing --gpt-heads (as dtrain train --kv-heads)")
+      ->check(at_least(0));
+  cmd->add_option("--ffn-dim", f.ffn_dim, "The SwiGLU MLP's width (as dtrain train --ffn-dim)")->check(at_least(0));
+  cmd->add_flag("--tie-embeddings", f.tie_embeddings, "The output head is the token embedding (as dtrain train)");
   std::vector<std::string> planned;
   for (const auto& row : strategy_table())
     if (row.planned) planned.emplace_back(row.name);
@@ -451,10 +458,10 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
       ->check(at_least(1))->capture_default_str();
   cmd->add_option("--rank", f.rank, "The rank to plan (rank 0 holds the most; the last ranks hold the padding)")
       ->check(at_least(0))->capture_default_str();
-  cmd->add_option("--tp", f.tp, "Tensor parallelism (gpt): the (dp, tp) mesh as dtrain train --tp builds it; --strategy runs over dp")
+  cmd->add_option("--tp", f.tp, "Tensor parallelism: the (dp, tp) mesh as dtrain train --tp builds it; --strategy runs over dp")
       ->check(at_least(1))->capture_default_str();
   cmd->add_flag("--sequence-parallel", f.sequence_parallel, "With --tp: activations outside attention and the MLP split along the sequence");
-  cmd->add_option("--pp", f.pp, "Pipeline parallelism (gpt): the (dp, pp, tp) mesh as dtrain train --pp builds it; "
+  cmd->add_option("--pp", f.pp, "Pipeline parallelism: the (dp, pp, tp) mesh as dtrain train --pp builds it; "
                   "--rank picks the stage, and every stage's peak is listed")
       ->check(at_least(1))->capture_default_str();
   cmd->add_option("--microbatches", f.microbatches, "With --pp: microbatches per batch part")

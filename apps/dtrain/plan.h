@@ -24,6 +24,9 @@ struct PlanFlags {
   int64_t gpt_heads = 4;
   int64_t seq_len = 128;
   int64_t vocab_size = 256;
+  int64_t kv_heads = 0;         // llama (as dtrain train): 0 = --gpt-heads
+  int64_t ffn_dim = 0;          // llama: 0 = the default width
+  bool tie_embeddings = false;  // llama
   std::string strategy = "fsdp";  // ddp | zero1 | zero2 | fsdp | hsdp
   int nproc = 0;                  // required
   int hybrid_group_size = 0;      // hsdp: required

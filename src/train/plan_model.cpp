@@ -20,10 +20,18 @@
 // ranks computes some layers otherwise than one (SyncBatchNorm's all-reduce
 // path saves its centred input and more), so the probe takes those paths
 // when the plan is of several data-parallel ranks.
+//
+// Under --tp the probe is of one rank's slice: the spec's tensor_parallel
+// hook builds it on a stand-in group of tp ranks (dtrain/stand_in_group.h),
+// whose collectives give every tensor the shape the real group gives it, so
+// the slice's parameters and saved activations are this rank's. What the
+// stand-in was asked to move during a probe step is the tp group's traffic
+// per step, fitted through the two probes as the activations are.
 #include "train/plan_model.h"
 
 #include "dtrain/deferred_init.h"
 #include "dtrain/memory.h"
+#include "dtrain/stand_in_group.h"
 #include "dtrain/sync_batch_norm.h"
 #include "dtrain/model_spec.h"
 #include "fsdp/wrap_policy.h"
@@ -47,10 +55,11 @@ struct ProbeStep {
   int64_t input_bytes = 0;
   int64_t after_forward = 0;  // above the start: activations, output, loss
   int64_t backward_rise = 0;  // the backward's peak above after_forward (0 if it never rises)
+  StandInTraffic traffic;     // --tp: what the stand-in tp group moved in the step
 };
 
 // One forward, loss and backward of `model` at `batch` samples.
-ProbeStep probe_step(Model& model, const data::Dataset& train, int64_t batch) {
+ProbeStep probe_step(Model& model, const data::Dataset& train, int64_t batch, const StandInTraffic* traffic) {
   if (train.size() < batch)
     throw std::invalid_argument("plan: the probe needs " + std::to_string(batch) + " training samples, the data has " +
                                 std::to_string(train.size()));
@@ -59,6 +68,7 @@ ProbeStep probe_step(Model& model, const data::Dataset& train, int64_t batch) {
   const data::Batch part = train.get_batch(indices);
   ProbeStep probe;
   probe.batch = batch;
+  const StandInTraffic before = traffic ? *traffic : StandInTraffic{};
   probe.input_bytes = bytes_of(part.inputs) + bytes_of(part.targets);
   const int64_t start = memory::live_bytes();
   memory::reset_peak();
@@ -68,6 +78,15 @@ ProbeStep probe_step(Model& model, const data::Dataset& train, int64_t batch) {
     memory::reset_peak();
     loss.backward();
     probe.backward_rise = std::max<int64_t>(0, memory::peak_bytes() - start - probe.after_forward);
+  }
+  if (traffic) {
+    probe.traffic = *traffic;
+    for (auto& [name, operation] : probe.traffic.operations) {
+      const auto was = before.operations.find(name);
+      if (was == before.operations.end()) continue;
+      operation.calls -= was->second.calls;
+      operation.payload_bytes -= was->second.payload_bytes;
+    }
   }
   return probe;
 }
@@ -99,10 +118,20 @@ plan::ModelSpec probe_model(const TrainConfig& config, int64_t batch_per_rank, i
   plan::ModelSpec described;
   described.batch_per_rank = batch_per_rank;
   described.description = describe_model_for_plan(config);
+  // --tp: tp rank 0's slice (every rank's slices are the same sizes).
+  std::shared_ptr<StandInTraffic> traffic;
+  CommPtr tp_group;
+  if (config.tp > 1) {
+    traffic = std::make_shared<StandInTraffic>();
+    tp_group = stand_in_group(config.tp, 0, traffic);
+    described.tensor_parallel = config.tp;
+    described.description += ", tensor-parallel over " + std::to_string(config.tp) + " ranks" +
+                             (config.sequence_parallel ? " (sequence parallel)" : "");
+  }
   {  // the parameters, exactly: the model deferred, split as fully_shard splits it
     torch::manual_seed(config.seed);
     DeferredConstruction deferring;
-    const Model deferred = build_model(config);
+    const Model deferred = build_model(config, /*deferred=*/false, tp_group);
     for (const auto& unit : detail::plan_units(deferred.module, WrapPolicy{})) {
       plan::UnitSpec spec;
       spec.name = unit.name;
@@ -113,19 +142,25 @@ plan::ModelSpec probe_model(const TrainConfig& config, int64_t batch_per_rank, i
   }
   const TrainingData data = load_training_data(config);
   torch::manual_seed(config.seed);
-  Model model = build_model(config);
+  Model model = build_model(config, /*deferred=*/false, tp_group);
   model.module->train();
   // A SyncBatchNorm of a run of several ranks takes its all-reduce path,
   // which saves other tensors than one rank's batch_norm: probe that path.
   if (data_parallel_ranks > 1) take_multi_rank_paths(*model.module);
   for (auto& parameter : model.module->parameters()) parameter.mutable_grad() = torch::zeros_like(parameter);
   const int64_t small_batch = std::clamp<int64_t>(batch_per_rank / 2, 1, 8);
-  const ProbeStep small = probe_step(model, *data.train, small_batch);
-  const ProbeStep large = probe_step(model, *data.train, 2 * small_batch);
+  const ProbeStep small = probe_step(model, *data.train, small_batch, traffic.get());
+  const ProbeStep large = probe_step(model, *data.train, 2 * small_batch, traffic.get());
   plan::UnitSpec& root = described.units.front();
   root.activation_bytes = extrapolate(small.after_forward, large.after_forward, small, large, batch_per_rank);
   root.backward_workspace_bytes = extrapolate(small.backward_rise, large.backward_rise, small, large, batch_per_rank);
   described.input_bytes = extrapolate(small.input_bytes, large.input_bytes, small, large, batch_per_rank);
+  for (const auto& [name, operation] : large.traffic.operations) {
+    const auto at_small = small.traffic.operations.find(name);
+    const int64_t small_bytes = at_small == small.traffic.operations.end() ? 0 : at_small->second.payload_bytes;
+    described.collectives.push_back({name, "measured, tensor parallel", config.tp, operation.calls,
+                                     extrapolate(small_bytes, operation.payload_bytes, small, large, batch_per_rank), 0});
+  }
   activations = "measured: one forward and backward at " + std::to_string(small.batch) + " and " +
                 std::to_string(large.batch) + " samples, scaled to " + std::to_string(batch_per_rank) +
                 " (the model's spec has no plan_description)";
@@ -153,9 +188,10 @@ PlannedModel plan_model(const TrainConfig& config, int64_t batch_per_rank, torch
   if (compute != torch::kFloat32)
     throw std::invalid_argument("plan: --model " + spec.name + " has no ModelSpec::plan_description, and its probe "
                                 "measures fp32 compute only: plan it without --mixed-precision");
-  if (config.tp > 1 || config.pp > 1)
-    throw std::invalid_argument("plan: --model " + spec.name + " is planned by a probe of the whole model: not with "
-                                "--tp or --pp");
+  if (config.pp > 1)
+    throw std::invalid_argument("plan: --model " + spec.name + " is planned by a probe, which measures a whole model "
+                                "or a tensor-parallel slice of it: not with --pp (that needs "
+                                "ModelSpec::plan_stage_description)");
   planned.model = probe_model(config, batch_per_rank, data_parallel_ranks, planned.activations);
   return planned;
 }
