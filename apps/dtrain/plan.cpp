@@ -82,9 +82,6 @@ void check_pipeline_flags(const PlanFlags& f, const ModelSpec& spec) {
                                 "stages, which --model " + f.model + "'s spec does not have");
   if (f.sequence_parallel)
     throw std::invalid_argument(pp + " with --sequence-parallel is not available yet (the stages send whole sequences)");
-  if (f.mixed_precision != "none")
-    throw std::invalid_argument(pp + " sends fp32 activations between the stages: --mixed-precision " +
-                                f.mixed_precision + " with --pp is not available yet");
 }
 
 // What dtrain train would run: the flags the plan shares with it.

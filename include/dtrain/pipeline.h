@@ -69,6 +69,14 @@ using StageLoss = std::function<torch::Tensor(const torch::Tensor&, const torch:
 //   }
 using BackwardRunner = std::function<void(bool sync, const std::function<void()>& backward)>;
 
+// Note [stage dtype]
+// What crosses a stage boundary, the activation forward and its gradient
+// backward, travels in the `dtype` the caller names: a stage's output is
+// cast to it before the send (a no-op when the stage computes in it), and a
+// received gradient is cast back to the output's dtype before backward. With
+// bf16 compute (--mixed-precision bf16) the trainer names bf16, so a boundary
+// costs half of fp32's bytes and the next stage receives what it would have
+// computed in one process; the final logits of infer() come in `dtype` too.
 class Pipeline {
  public:
   // Collective over `group` (splits it twice). Throws std::invalid_argument
@@ -80,7 +88,7 @@ class Pipeline {
   // inputs, only the last targets); the batch must split into the
   // microbatches evenly. `activation_shape`: what one stage sends the next
   // per microbatch ([B / M, T, C] for the GPT), in `dtype`, the same for
-  // every stage boundary. Returns the step's loss (the mean of the
+  // every stage boundary (Note [stage dtype]). Returns the step's loss (the mean of the
   // microbatches' losses) on every stage. Gradients accumulate into the
   // stage's parameters as loss.backward() would for the whole batch.
   double step(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,

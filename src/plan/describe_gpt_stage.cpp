@@ -40,7 +40,8 @@ ModelSpec describe_gpt_stage(const models::GPTConfig& config, int64_t batch_per_
   model.batch_per_rank = batch_per_rank;
   model.tensor_parallel = tp;
   model.input_bytes = whole.input_bytes * microbatches;  // every stage loads the part's tokens and targets
-  model.pipeline = {stage, stages, microbatches, micro * config.seq_len * config.n_embd * 4};  // sent in fp32
+  // Sent in the compute dtype (Note [stage dtype] in dtrain/pipeline.h).
+  model.pipeline = {stage, stages, microbatches, micro * config.seq_len * config.n_embd * e};
 
   UnitSpec root;  // the stage module: wpe on the first stage, ln_f on the last
   for (const auto& p : whole_root.parameters) {

@@ -115,7 +115,7 @@ double Pipeline::step(const StageForward& forward, const StageLoss& loss, const 
       f.output = loss(f.output, targets.narrow(0, m * micro, micro)) / static_cast<double>(M);
       loss_sum += f.output.item<double>();
     } else {
-      sends.push_back(forward_channel_->send(f.output.detach().contiguous(), s + 1, m));
+      sends.push_back(forward_channel_->send(f.output.detach().to(dtype).contiguous(), s + 1, m));
     }
     in_flight.push_back(std::move(f));
     max_in_flight_ = std::max<int>(max_in_flight_, static_cast<int>(in_flight.size()));
@@ -125,9 +125,11 @@ double Pipeline::step(const StageForward& forward, const StageLoss& loss, const 
     in_flight.pop_front();
     torch::Tensor gradient;  // of the output: none on the last stage (it is the loss)
     if (!last) {
-      gradient = torch::empty_like(f.output, torch::MemoryFormat::Contiguous);
+      // Gradients cross in the activations' dtype too (Note [stage dtype]).
+      gradient = torch::empty(f.output.sizes(), options);
       trace::Span waiting("pp_recv_gradient", trace::category::wait, {{"microbatch", m}});
       backward_channel_->recv(gradient, s + 1, m)->wait();
+      gradient = gradient.to(f.output.scalar_type());
     }
     trace::Span computing("pp_backward", trace::category::compute, {{"microbatch", m}});
     const auto backward = [&] { last ? f.output.backward() : f.output.backward(gradient); };
@@ -136,7 +138,7 @@ double Pipeline::step(const StageForward& forward, const StageLoss& loss, const 
     } else {
       backward();
     }
-    if (!first) sends.push_back(backward_channel_->send(f.input.grad().contiguous(), s - 1, m));
+    if (!first) sends.push_back(backward_channel_->send(f.input.grad().to(dtype).contiguous(), s - 1, m));
     drop_completed_sends();
   };
 
@@ -194,7 +196,7 @@ double Pipeline::evaluate(const StageForward& forward, const StageLoss& loss, co
     if (last) {
       sum += loss(output, targets.narrow(0, begin, size)).item<double>();
     } else {
-      sends.push_back(forward_channel_->send(output.contiguous(), s + 1, static_cast<int>(m)));
+      sends.push_back(forward_channel_->send(output.to(dtype).contiguous(), s + 1, static_cast<int>(m)));
     }
     begin += size;
   }
@@ -212,7 +214,7 @@ torch::Tensor Pipeline::infer(const StageForward& forward, const torch::Tensor& 
     input = torch::empty(activation_shape, torch::TensorOptions().dtype(dtype));
     forward_channel_->recv(input, s - 1, 0)->wait();
   }
-  torch::Tensor output = forward(input).contiguous();
+  torch::Tensor output = forward(input).to(dtype).contiguous();
   if (s < P - 1) {
     forward_channel_->send(output, s + 1, 0)->wait();
     output = torch::empty(output_shape, torch::TensorOptions().dtype(dtype));

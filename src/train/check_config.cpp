@@ -257,9 +257,6 @@ void check_pipeline_flags(const TrainConfig& c, const ModelSpec& spec, int world
   if (!one_of(c.strategy, {"single", "ddp", "zero1", "zero2", "fsdp", "hsdp"}))
     fail(pp + " combines with --strategy single, ddp, zero1, zero2, fsdp or hsdp (over the dp groups), not " +
          c.strategy);
-  if (c.mixed_precision != "none")
-    fail(pp + " sends fp32 activations between the stages: --mixed-precision " + c.mixed_precision +
-         " with --pp is not available yet");
   if (c.compress != "none") fail(pp + " does not work with --compress " + c.compress + " yet");
   if (c.pp_gather != "step" && !one_of(c.strategy, {"zero1", "zero2", "fsdp", "hsdp"}))
     fail("--pp-gather " + c.pp_gather + " says when a sharded strategy gathers a stage's units: it needs --strategy "

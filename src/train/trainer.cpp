@@ -69,8 +69,9 @@
 namespace dtrain {
 namespace {
 
-// The compute dtype whose GEMM peak MFU divides by.
-torch::ScalarType peak_dtype(const TrainConfig& config) {
+// The compute dtype: whose GEMM peak MFU divides by, and what crosses a
+// pipeline's stage boundaries (Note [stage dtype] in dtrain/pipeline.h).
+torch::ScalarType compute_dtype(const TrainConfig& config) {
   return config.mixed_precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
 }
 
@@ -84,7 +85,7 @@ train::PeakFlops job_peak_flops(const TrainConfig& config, const torch::Device& 
   auto peak = torch::zeros({1}, torch::kFloat64);
   std::string source;
   if (world->rank() == 0) {
-    const train::PeakFlops measured = train::peak_flops(config, device, peak_dtype(config));
+    const train::PeakFlops measured = train::peak_flops(config, device, compute_dtype(config));
     peak[0] = measured.flops;
     source = measured.source;
   }
@@ -441,7 +442,7 @@ double DataParallelRun::pipeline_forward_and_backward(int64_t step, const data::
   strategy_->begin_microbatches();
   const double scaled = pipeline_->step([&](const torch::Tensor& x) { return strategy_->forward(x); }, loss,
                                         part.inputs, part.targets, activation_shape(part.inputs.size(0) / M),
-                                        torch::kFloat32, [&](bool last, const std::function<void()>& backward) {
+                                        compute_dtype(config_), [&](bool last, const std::function<void()>& backward) {
                                           strategy_->run_backward(last, backward);
                                         });
   strategy_->end_microbatches();
@@ -459,7 +460,7 @@ train::Evaluation DataParallelRun::evaluate() {
     totals.loss_sum = pipeline_->evaluate(
         [&](const torch::Tensor& x) { return strategy_->forward(x); },
         [&](const torch::Tensor& logits, const torch::Tensor& targets) { return model_.loss(logits, targets).sum(); },
-        part.inputs, part.targets, activation_shape(0));
+        part.inputs, part.targets, activation_shape(0), compute_dtype(config_));
     return totals;
   };
   return train::evaluate(part_loss, model_, *data_.validation, eval_count_, eval_chunk_, *data_world_, device_);
@@ -544,7 +545,8 @@ void DataParallelRun::finish(double train_seconds) {
           const int64_t n = tokens.size(0), t = tokens.size(1);
           return model_.full_logits(pipeline_->infer([&](const torch::Tensor& x) { return strategy_->forward(x); },
                                                      tokens, model_.activation_shape(n, t),
-                                                     model_.output_shape(n, t)));
+                                                     model_.output_shape(n, t), compute_dtype(config_))
+                                      .to(torch::kFloat));
         });
   }
   auto rss = torch::zeros({world_size_}, torch::kFloat64);
@@ -583,7 +585,7 @@ void DataParallelRun::finish(double train_seconds) {
   // A peak the steps beat was measured under load (or given wrong): the next
   // run measures again rather than divide by it (Utilization::mfu).
   if (loop_->median_beat_the_peak() && rank_ == 0 && config_.peak_tflops <= 0)
-    train::forget_cached_peak(config_, device_, peak_dtype(config_));
+    train::forget_cached_peak(config_, device_, compute_dtype(config_));
   if (const double mfu = loop_->median_mfu(); mfu > 0) {
     final_line["mfu"] = mfu;  // of the median step
     final_line["peak_tflops"] = peak_flops_.flops / 1e12;
