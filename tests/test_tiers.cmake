@@ -113,8 +113,10 @@ set(DTRAIN_LONG_TESTS
   train.pp.llama.single.pp2.1f1b.mpi                      train.pp.llama.single.dp1_pp2_tp2.1f1b.tied.clip.c10d
   train.pp.llama.ddp.dp2_pp2.1f1b.mpi                     train.pp.llama.single.dp1_pp2_tp2.1f1b.tied.clip.c10d
   train.pp.llama.zero2.dp2_pp2.1f1b.c10d                  train.pp.llama.single.dp1_pp2_tp2.1f1b.tied.clip.c10d
-  train.checkpoint.reshard.llama.dp2_tp2_to_single        train.checkpoint.reshard.llama.dp2_tp2_to_pp2_tp2
+  train.checkpoint.reshard.llama.dp2_tp2_to_pp2_tp2       train.checkpoint.reshard.llama.dp2_tp2_to_single
   train.same_losses.bf16.pp_tp.ddp.c10d                   train.same_losses.bf16.pp.fsdp
+  models.hugging_face.meshes                              models.hugging_face
+  custom_model.sigterm_resume.zero2.np2                   custom_model.restart.fsdp.np2
   train.ps.sync_clip_equals_ddp                           train.ps.async_clip_equals_single
   train.ps.sync_backup_worker_rank0_late                  train.ps.sync_backup_worker
 )
