@@ -101,7 +101,8 @@ set(DTRAIN_LONG_TESTS
   train.pp.single.dp1_pp2_tp2.gpipe.clip.c10d             train.pp.ddp.dp1_pp2_tp2.1f1b.mpi
   # Llama on meshes (issue 39): the rest of the matrix; make test runs the whole
   # key/value heads at tp 4 (clipped), the split ones with sequence parallelism,
-  # the tied pipeline under FSDP and on (1, 2, 2), and a reshard.
+  # the untied pipeline under ZeRO-2, the tied one on (1, 2, 2), and a reshard
+  # from whole key/value heads to split ones.
   train.tp.fsdp.dp2_tp2.sequence_parallel.mpi             train.tp.llama.fsdp.dp2_tp2.sequence_parallel.tied.mpi
   train.tp.llama.fsdp.dp1_tp4.gqa8_2.mpi                  train.tp.llama.ddp.dp1_tp4.gqa8_2.clip.mpi
   train.tp.llama.ddp.dp2_tp2.mha4_4.clip.mpi              train.tp.llama.ddp.dp1_tp4.gqa8_2.clip.mpi
@@ -109,11 +110,11 @@ set(DTRAIN_LONG_TESTS
   train.tp.llama.fsdp.dp2_tp2.gqa8_2.mpi                  train.tp.llama.fsdp.dp2_tp2.sequence_parallel.tied.mpi
   train.tp.llama.fsdp.dp2_tp2.gqa8_2.clip.c10d            train.tp.llama.fsdp.dp2_tp2.sequence_parallel.tied.mpi
   train.tp.llama.single.dp1_tp2.gqa8_2.mpi                train.tp.llama.fsdp.dp2_tp2.sequence_parallel.tied.mpi
-  train.pp.llama.single.pp2.gpipe.tied.mpi                train.pp.llama.fsdp.dp2_pp2.gpipe.tied.clip.mpi
-  train.pp.llama.single.pp2.1f1b.mpi                      train.pp.llama.single.dp1_pp2_tp2.1f1b.tied.clip.c10d
-  train.pp.llama.ddp.dp2_pp2.1f1b.mpi                     train.pp.llama.single.dp1_pp2_tp2.1f1b.tied.clip.c10d
-  train.pp.llama.zero2.dp2_pp2.1f1b.c10d                  train.pp.llama.single.dp1_pp2_tp2.1f1b.tied.clip.c10d
-  train.checkpoint.reshard.llama.dp2_tp2_to_pp2_tp2       train.checkpoint.reshard.llama.dp2_tp2_to_single
+  train.pp.llama.single.pp2.gpipe.tied.mpi                train.pp.llama.single.dp1_pp2_tp2.1f1b.tied.clip.c10d
+  train.pp.llama.fsdp.dp2_pp2.gpipe.tied.clip.mpi         train.pp.llama.single.dp1_pp2_tp2.1f1b.tied.clip.c10d
+  train.pp.llama.single.pp2.1f1b.mpi                      train.pp.llama.zero2.dp2_pp2.1f1b.c10d
+  train.pp.llama.ddp.dp2_pp2.1f1b.mpi                     train.pp.llama.zero2.dp2_pp2.1f1b.c10d
+  train.checkpoint.reshard.llama.dp2_tp2_to_pp2_tp2       train.checkpoint.reshard.llama.tp4_to_dp2_tp2
   train.same_losses.bf16.pp_tp.ddp.c10d                   train.same_losses.bf16.pp.fsdp
   models.hugging_face.meshes                              models.hugging_face
   custom_model.sigterm_resume.zero2.np2                   custom_model.restart.fsdp.np2

@@ -128,6 +128,9 @@ Resolved resolve(const PlanFlags& f) {
   }
   if (f.sequence_parallel && f.tp == 1)
     throw std::invalid_argument("--sequence-parallel splits tensor parallelism's activations along the sequence: it needs --tp N");
+  if (f.sequence_parallel && f.seq_len % f.tp != 0)
+    throw std::invalid_argument("--sequence-parallel with --tp " + std::to_string(f.tp) + " needs --seq-len divisible by " +
+                                std::to_string(f.tp) + ", got " + std::to_string(f.seq_len) + " (as dtrain train)");
   // The engine runs over the dp ranks; the tp ranks of one dp group share its batch part.
   const int dp = f.nproc / (f.tp * f.pp);
   const bool sequences = spec.token_sequences;

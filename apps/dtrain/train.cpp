@@ -206,14 +206,14 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
           "N|MIN:MAX"));
   add_hosts_option(*parallel, f.hosts);
   parallel->add_option("--tp", c.tp,
-                       "gpt: tensor parallelism, splitting every block across N consecutive ranks (a (dp, tp) mesh "
+                       "Tensor parallelism (a model whose spec has ModelSpec::tensor_parallel: gpt, gpt2, llama), splitting every block across N consecutive ranks (a (dp, tp) mesh "
                        "with dp = ranks / N; --strategy runs over the dp groups)")
       ->check(kPositive)->capture_default_str();
   parallel->add_flag("--sequence-parallel", c.sequence_parallel,
                      "With --tp: split the activations outside attention and the MLP (residual stream, LayerNorms) "
                      "along the sequence too, instead of holding them whole on every rank of the group");
   parallel->add_option("--pp", c.pp,
-                       "gpt: pipeline parallelism, the blocks in N consecutive stages on N groups of ranks (a (dp, pp) "
+                       "Pipeline parallelism (a spec with ModelSpec::pipeline_stage: gpt, gpt2, llama), the blocks in N consecutive stages on N groups of ranks (a (dp, pp) "
                        "mesh with dp = ranks / N; --strategy runs over the dp groups of each stage)")
       ->check(kPositive)->capture_default_str();
   parallel->add_option("--microbatches", c.microbatches,

@@ -77,6 +77,7 @@ using BackwardRunner = std::function<void(bool sync, const std::function<void()>
 // bf16 compute (--mixed-precision bf16) the trainer names bf16, so a boundary
 // costs half of fp32's bytes and the next stage receives what it would have
 // computed in one process; the final logits of infer() come in `dtype` too.
+// (The trainer scores the last stage's logits in fp32; src/train/trainer.cpp.)
 class Pipeline {
  public:
   // Collective over `group` (splits it twice). Throws std::invalid_argument

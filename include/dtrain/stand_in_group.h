@@ -24,7 +24,8 @@ namespace dtrain {
 // ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
 // "broadcast"), the calls and their payload bytes as dtrain::plan counts
 // them (the whole tensor of an all-reduce, the full side of an all-gather or
-// reduce-scatter). Written on the communicator's thread: read it after the
+// reduce-scatter; a bf16 reduction arrives widened to fp32 and counts at fp32's
+// size). The communicator runs one operation at a time, so read it after the
 // operations' Work completed.
 struct StandInTraffic {
   struct Operation {

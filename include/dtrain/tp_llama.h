@@ -5,14 +5,16 @@
 //              o_proj row-parallel; k_proj and v_proj column-parallel when tp
 //              divides n_kv_head (each rank: the n_kv_head / tp key/value
 //              heads its query heads read), else whole on every rank (see
-//              Note [replicated key/value heads]);
+//              Note [replicated key/value heads] for what that costs);
 //   MLP        gate_proj and up_proj column-parallel, down_proj row-parallel;
 //   embed_tokens  vocabulary-parallel; the head (lm_head, or embed_tokens'
 //              rows when tied) column-parallel over the vocabulary, so each
 //              rank gives its slice of the logits [B, T, vocab / tp] and
 //              loss() is the vocabulary-parallel cross-entropy;
 //   RMSNorms   replicated; rotary embeddings applied to each rank's heads.
-// One all-reduce per attention and per MLP forward, and one each backward.
+// One all-reduce per attention and per MLP forward, and one each backward;
+// with whole key/value heads, one more per block backward for their weights'
+// gradients.
 //
 // Names and initial numbers are Llama's: each module draws its full weight
 // from the generator its name gives and keeps this rank's slice, so

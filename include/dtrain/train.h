@@ -94,14 +94,15 @@ struct TrainConfig {
 
   // ---- parallelism: see strategy_names(); compress applies to ddp
   std::string strategy = "ddp";
-  // Tensor parallelism (gpt): the ranks form a (dp, tp) mesh, tp consecutive
-  // ranks split each block (dtrain/tp_gpt.h) and --strategy runs over the
+  // Tensor parallelism (ModelSpec::tensor_parallel): the ranks form a (dp, tp)
+  // mesh, tp consecutive ranks split each block (dtrain/tp_gpt.h,
+  // dtrain/tp_llama.h) and --strategy runs over the
   // dp = world / tp groups; 1 = none.
   int tp = 1;
   // With tp > 1: split the activations outside attention and the MLP along
   // the sequence too (dtrain/tp_gpt.h); seq_len must be a multiple of tp.
   bool sequence_parallel = false;
-  // Pipeline parallelism (gpt): pp consecutive groups of ranks hold
+  // Pipeline parallelism (ModelSpec::pipeline_stage): pp consecutive groups of ranks hold
   // consecutive stages of the blocks (dtrain/pipeline.h); the mesh is
   // (dp, pp, tp). Each rank's part of the batch runs as `microbatches`
   // microbatches under `schedule` ("1f1b" | "gpipe").

@@ -393,16 +393,9 @@ void FSDPState::reduce_step_gradients() {
   close_step_stats();
 }
 
-torch::Tensor FSDPState::to_output_dtype(const torch::Tensor& output) const {
-  const auto output_dtype = options_.mixed_precision.output_dtype;
-  return output.is_floating_point() && output.scalar_type() != output_dtype ? output.to(output_dtype) : output;
-}
-
 torch::Tensor FSDPState::forward_root(const std::function<torch::Tensor()>& forward) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  // Note [pipeline steps]; the output in output_dtype as below, so that a
-  // pipeline's last stage computes its loss as one process does.
-  if (gathered_for_step_) return to_output_dtype(forward());
+  if (gathered_for_step_) return forward();  // Note [pipeline steps]
   if (in_root_forward_) throw std::logic_error("FSDP: the root forward was entered twice (recursively)");
   const trace::Span span("unit_forward", trace::category::compute, {{"unit", 0}, {"name", units_[0]->trace_name()}});
   // A new forward: parameters changed since the last gather (optimizer
@@ -449,7 +442,8 @@ torch::Tensor FSDPState::forward_root(const std::function<torch::Tensor()>& forw
     forward_order_ = this_forward_;
     order_recorded_ = true;
   }
-  output = to_output_dtype(output);
+  const auto output_dtype = options_.mixed_precision.output_dtype;
+  if (output.is_floating_point() && output.scalar_type() != output_dtype) output = output.to(output_dtype);
   root.end_forward();
   eager_reductions_ = true;
   if (sync_ && comm_->size() > 1 && output.requires_grad()) {

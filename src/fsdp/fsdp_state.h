@@ -50,8 +50,6 @@ class FSDPState {
   FSDPStepStats last_step() const;
 
  private:
-  // A root forward's output in the mixed-precision policy's output_dtype.
-  torch::Tensor to_output_dtype(const torch::Tensor& output) const;
   void build_groups();
   // Compression options the engine cannot honour, before anything is built.
   void check_compression() const;

@@ -126,7 +126,7 @@ double Pipeline::step(const StageForward& forward, const StageLoss& loss, const 
     torch::Tensor gradient;  // of the output: none on the last stage (it is the loss)
     if (!last) {
       // Gradients cross in the activations' dtype too (Note [stage dtype]).
-      gradient = torch::empty(f.output.sizes(), options);
+      gradient = torch::empty(f.output.sizes(), options.device(f.output.device()));
       trace::Span waiting("pp_recv_gradient", trace::category::wait, {{"microbatch", m}});
       backward_channel_->recv(gradient, s + 1, m)->wait();
       gradient = gradient.to(f.output.scalar_type());

@@ -22,12 +22,15 @@ namespace dtrain::models {
 // a whole copy keeps every parameter either a slice or replicated, which is
 // what checkpoints across meshes, FSDP over dp and clipping (1/tp for a
 // replicated parameter) already handle; a head held by some ranks only would
-// need a third kind in all three. The cost is small: the kv projections are
-// kv/n_head of q_proj's size each, so the copies add 2 kv/n_head of q_proj's
-// weights per rank (at 8B with tp 16: half of q_proj), and their compute.
-// A rank's kv gradient covers only its query heads' use of them: the
-// weights enter through copy_to_group, so their gradients are summed over
-// the group in backward, as a replicated parameter's must be.
+// need a third kind in all three. The cost, per rank: each whole projection
+// is kv/n_head of the whole q_proj, so the two are 2 kv tp/n_head times this
+// rank's q_proj slice (kv 2, n_head 8, tp 4: twice it; Llama 3 8B at tp 16:
+// eight times, about 40% of a rank's block parameters), their compute, and
+// per block and backward one all-reduce of both weights' gradients: a rank's
+// kv gradient covers only its query heads' use of them, so the weights enter
+// through copy_to_group and their gradients are summed over the group, as a
+// replicated parameter's must be. tp above n_kv_head is thus for models
+// whose kv projections are small next to the rest of a block.
 
 void check_tensor_parallel(const LlamaConfig& config, int tp) {
   if (tp < 1) throw std::invalid_argument("tensor parallelism: tp must be >= 1, got " + std::to_string(tp));
@@ -229,6 +232,7 @@ torch::Tensor TPLlamaImpl::head(const torch::Tensor& x, bool sequence_parallel) 
                      ? tp::gather_sequence(rms_norm(x, tp::copy_to_group(norm_->weight, group_), norm_->eps()), group_)
                      : tp::copy_to_group(norm_->forward(x), group_);
   if (!config_.tie_embeddings) return lm_head_->forward_gathered(h);
+  check_materialized(embed_tokens_->weight, "TPLlama");  // the last stage's tied copy
   return dtrain::detail::run_unit(
       embed_tokens_.get(), [this](const torch::Tensor& y) { return y.matmul(embed_tokens_->weight.t()); }, h);
 }

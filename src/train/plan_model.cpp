@@ -156,6 +156,7 @@ plan::ModelSpec probe_model(const TrainConfig& config, int64_t batch_per_rank, i
   root.backward_workspace_bytes = extrapolate(small.backward_rise, large.backward_rise, small, large, batch_per_rank);
   described.input_bytes = extrapolate(small.input_bytes, large.input_bytes, small, large, batch_per_rank);
   for (const auto& [name, operation] : large.traffic.operations) {
+    if (operation.calls == 0) continue;  // issued before the probe steps (construction)
     const auto at_small = small.traffic.operations.find(name);
     const int64_t small_bytes = at_small == small.traffic.operations.end() ? 0 : at_small->second.payload_bytes;
     described.collectives.push_back({name, "measured, tensor parallel", config.tp, operation.calls,

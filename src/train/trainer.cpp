@@ -75,6 +75,14 @@ torch::ScalarType compute_dtype(const TrainConfig& config) {
   return config.mixed_precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
 }
 
+// A pipeline's last stage scores its output in fp32, as the engines hand a
+// whole model's output to the loss (FSDP's and DDP's output_dtype): its
+// FSDP root runs once per step, so its per-microbatch outputs stay in the
+// compute dtype, and a loss from bf16 logits was 0.007 off one process's.
+torch::Tensor in_fp32(const torch::Tensor& output) {
+  return output.is_floating_point() ? output.to(torch::kFloat) : output;
+}
+
 // MFU's denominator: rank 0 finds its device's peak for the compute dtype
 // (--peak-tflops, the machine's cache or a GEMM probe) while the others
 // wait, so that no probe competes with another rank for the device; every
@@ -435,7 +443,7 @@ double DataParallelRun::pipeline_forward_and_backward(int64_t step, const data::
   const double to_global_mean = static_cast<double>(dp_size_) / static_cast<double>(config_.batch_size);
   const bool poison = step + 1 == config_.debug_nan_at_step && dp_rank_ == 0;
   const auto loss = [&](const torch::Tensor& logits, const torch::Tensor& targets) {
-    torch::Tensor sum = model_.loss(logits, targets).sum();
+    torch::Tensor sum = model_.loss(in_fp32(logits), targets).sum();
     if (poison) sum = sum * std::nan("");
     return sum * (to_global_mean * M);  // the pipeline divides each microbatch's loss by M
   };
@@ -459,7 +467,9 @@ train::Evaluation DataParallelRun::evaluate() {
     train::PartTotals totals;
     totals.loss_sum = pipeline_->evaluate(
         [&](const torch::Tensor& x) { return strategy_->forward(x); },
-        [&](const torch::Tensor& logits, const torch::Tensor& targets) { return model_.loss(logits, targets).sum(); },
+        [&](const torch::Tensor& logits, const torch::Tensor& targets) {
+          return model_.loss(in_fp32(logits), targets).sum();
+        },
         part.inputs, part.targets, activation_shape(0), compute_dtype(config_));
     return totals;
   };
