@@ -14,11 +14,11 @@ import re
 import sys
 
 # Each layer's level, bottom up. A layer may include only layers of a lower
-# level: siblings (the three engines; comm, models and data; trace, tp and pp) do not see each other.
+# level: siblings (the three engines; comm, models and data; trace, tp, pp and cp) do not see each other.
 LEVEL = {
     "common": 0,
     "comm": 1, "models": 1, "data": 1,
-    "trace": 2, "tp": 2, "pp": 2,
+    "trace": 2, "tp": 2, "pp": 2, "cp": 2,
     "ddp": 3, "fsdp": 3, "ps": 3,
     "checkpoint": 4, "plan": 4,
     "train": 5,
@@ -30,7 +30,7 @@ OWNER = {
     "shard_range.h": "common", "flat_runs.h": "common",
     "comm.h": "comm", "grad_norm.h": "comm", "join.h": "comm", "trace.h": "common", "trace_writer.h": "trace", "trace_summary.h": "trace",
     "models.h": "models", "llama.h": "models", "deferred_init.h": "models", "attention.h": "models", "sampling.h": "models", "data.h": "data", "tokenizer.h": "data",
-    "mesh.h": "comm", "stand_in_group.h": "comm", "tensor_parallel.h": "tp", "tp_gpt.h": "tp", "tp_gpt_stage.h": "tp", "tp_llama.h": "tp", "pipeline.h": "pp", "gpt_stage.h": "models",
+    "mesh.h": "comm", "stand_in_group.h": "comm", "tensor_parallel.h": "tp", "tp_gpt.h": "tp", "tp_gpt_stage.h": "tp", "tp_llama.h": "tp", "pipeline.h": "pp", "context_parallel.h": "cp", "gpt_stage.h": "models",
     "ddp.h": "ddp", "comm_hooks.h": "ddp", "sync_batch_norm.h": "ddp",
     "fsdp.h": "fsdp", "ps.h": "ps",
     "checkpoint.h": "checkpoint", "checkpoint_manifest.h": "checkpoint", "hugging_face.h": "checkpoint", "safetensors.h": "checkpoint",

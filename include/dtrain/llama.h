@@ -124,8 +124,9 @@ class LlamaBlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaBlock);
 
-// cos and sin [T, head_dim] of positions 0..T-1 for rotary embeddings with
-// base theta, fp32, on `device`.
+// cos and sin [T, head_dim] for rotary embeddings with base theta, fp32: of
+// `positions` (int64 [T], on their device), or of 0..T-1 on `device`.
+std::pair<torch::Tensor, torch::Tensor> rotary_tables(const torch::Tensor& positions, int64_t head_dim, double theta);
 std::pair<torch::Tensor, torch::Tensor> rotary_tables(int64_t T, int64_t head_dim, double theta,
                                                       const torch::Device& device);
 // x [B,h,T,d] rotated by the tables [T,d]: x*cos + rotate_half(x)*sin, where

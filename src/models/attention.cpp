@@ -3,6 +3,7 @@
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 
@@ -16,10 +17,26 @@ torch::Tensor dropout_mask(const std::vector<int64_t>& shape, const torch::Tenso
   return torch::empty(shape, options).bernoulli_(1 - p).div_(1 - p);
 }
 
+// Note [sequence context]: set by the trainer's thread, read by autograd's too.
+std::atomic<const SequenceContext*> installed_context{nullptr};
+
 }  // namespace
+
+void set_sequence_context(const SequenceContext* context) { installed_context.store(context); }
+const SequenceContext* sequence_context() { return installed_context.load(); }
+
+torch::Tensor sequence_positions(int64_t T, const torch::Device& device) {
+  if (const SequenceContext* context = sequence_context()) return context->positions(T, device);
+  return torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(device));
+}
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double dropout,
                                int64_t heads, int64_t first_head) {
+  if (const SequenceContext* context = sequence_context()) {
+    TORCH_CHECK(dropout == 0.0, "attention dropout (", dropout,
+                ") cannot run on sequence shards (context parallelism): train with --dropout 0");
+    return context->attention(q, k, v);
+  }
   if (dropout == 0.0) {
     return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/true);
   }

@@ -1,5 +1,6 @@
 #include "dtrain/models.h"
 #include "dtrain/gpt_stage.h"
+#include "dtrain/attention.h"
 
 #include <torch/nn/init.h>
 #include <torch/utils.h>
@@ -82,7 +83,7 @@ torch::Tensor GPTImpl::forward(torch::Tensor tokens) {
   const int64_t T = tokens.size(1);
   TORCH_CHECK(T <= config_.seq_len, "GPT: sequence of ", T, " tokens is longer than seq_len ", config_.seq_len);
 
-  auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  auto positions = sequence_positions(T, tokens.device());  // Note [sequence context]
   auto x = wte_->forward(tokens) + wpe_->forward(positions);  // [B,T,C] + [T,C]
   x = torch::dropout(x, config_.dropout, is_training());
   for (auto& block : block_calls_) x = block(x);

@@ -1,4 +1,5 @@
 #include "dtrain/gpt_stage.h"
+#include "dtrain/attention.h"
 
 #include <stdexcept>
 #include <string>
@@ -20,7 +21,7 @@ torch::Tensor stage_positions(const torch::Tensor& tokens, const GPTConfig& conf
               ": the first stage expects int64 tokens of shape [B,T], got ", tokens.scalar_type(), " ", tokens.sizes());
   const int64_t T = tokens.size(1);
   TORCH_CHECK(T <= config.seq_len, what, ": sequence of ", T, " tokens is longer than seq_len ", config.seq_len);
-  return torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  return sequence_positions(T, tokens.device());  // Note [sequence context]
 }
 
 GPTStageImpl::GPTStageImpl(const GPTConfig& config, int stage, int stages, int64_t first_block, int64_t last_block)

@@ -28,13 +28,18 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return rms_norm(x, 
 
 std::pair<torch::Tensor, torch::Tensor> rotary_tables(int64_t T, int64_t head_dim, double theta,
                                                       const torch::Device& device) {
+  return rotary_tables(torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(device)), head_dim, theta);
+}
+
+std::pair<torch::Tensor, torch::Tensor> rotary_tables(const torch::Tensor& positions, int64_t head_dim, double theta) {
+  const torch::Device device = positions.device();
   const auto options = torch::TensorOptions().dtype(torch::kFloat).device(device);
   // theta^(-2i/head_dim) for i < head_dim/2, computed as Hugging Face does
   // (the exponent from int64 steps, in fp32).
   const auto exponents = torch::arange(0, head_dim, 2, options.dtype(torch::kLong)).to(torch::kFloat) /
                          static_cast<double>(head_dim);
   const auto inverse_frequencies = 1.0 / torch::pow(theta, exponents);
-  const auto angles = torch::outer(torch::arange(T, options), inverse_frequencies.to(device));  // [T, head_dim/2]
+  const auto angles = torch::outer(positions.to(torch::kFloat), inverse_frequencies.to(device));  // [T, head_dim/2]
   const auto both_halves = torch::cat({angles, angles}, -1);                                  // [T, head_dim]
   return {both_halves.cos(), both_halves.sin()};
 }
@@ -98,7 +103,8 @@ LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& config) : config_(config) {
 torch::Tensor LlamaBlockImpl::forward(torch::Tensor x) {
   // The tables are cheap next to the block (T x head_dim) and depend only on
   // T: computing them here keeps them out of the parameters and buffers.
-  const auto [cos, sin] = rotary_tables(x.size(1), config_.dim / config_.n_head, config_.rope_theta, x.device());
+  const auto [cos, sin] = rotary_tables(sequence_positions(x.size(1), x.device()), config_.dim / config_.n_head,
+                                        config_.rope_theta);  // Note [sequence context]
   x = x + self_attn_->forward(input_layernorm_->forward(x), cos, sin);
   return x + mlp_->forward(post_attention_layernorm_->forward(x));
 }

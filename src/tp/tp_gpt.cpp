@@ -125,7 +125,7 @@ torch::Tensor TPGPTImpl::forward(torch::Tensor tokens) {
   const bool sequence_parallel = sequence_parallel_ && group_->size() > 1 && T % group_->size() == 0;
   for (auto& block : block_calls_) block->set_sequence_parallel(sequence_parallel);
   if (sequence_parallel) return forward_sequence_parallel(tokens);
-  auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  auto positions = models::sequence_positions(T, tokens.device());  // Note [sequence context]
   auto x = wte_->forward(tokens) + wpe_->forward(positions);
   x = torch::dropout(x, config_.dropout, is_training());
   for (auto& block : block_calls_) x = block(x);
@@ -136,7 +136,7 @@ torch::Tensor TPGPTImpl::forward(torch::Tensor tokens) {
 
 torch::Tensor TPGPTImpl::forward_sequence_parallel(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1), slice = T / group_->size(), first = group_->rank() * slice;
-  auto positions = torch::arange(first, first + slice, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  auto positions = models::sequence_positions(T, tokens.device()).narrow(0, first, slice);
   // The embeddings' sum, this rank's sequence slice: the vocabulary rows'
   // partial lookups reduce-scattered, plus the slice's positions (wpe through
   // copy_to_group: each rank sees only its positions).

@@ -149,7 +149,8 @@ torch::Tensor TPLlamaBlockImpl::enter(RMSNorm& norm, const torch::Tensor& x) {
 
 torch::Tensor TPLlamaBlockImpl::forward(torch::Tensor x) {
   const int64_t T = sequence_parallel_ ? x.size(1) * group_->size() : x.size(1);
-  const auto [cos, sin] = rotary_tables(T, config_.dim / config_.n_head, config_.rope_theta, x.device());
+  const auto [cos, sin] = rotary_tables(models::sequence_positions(T, x.device()), config_.dim / config_.n_head,
+                                        config_.rope_theta);  // Note [sequence context]
   x = x + self_attn_->forward(enter(input_layernorm_, x), cos, sin, sequence_parallel_);
   return x + mlp_->forward(enter(post_attention_layernorm_, x), sequence_parallel_);
 }
