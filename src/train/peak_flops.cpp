@@ -10,6 +10,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <cstdlib>
@@ -78,13 +79,29 @@ double process_cpu_seconds() {
   return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
 
+// The side of the CPU's probe: 1024, or less where a multiply of that size
+// would take over about 50 ms. A dtype without fast CPU kernels (bf16
+// without AVX-512 BF16 runs at about 1/50 of fp32 here) made the fixed 1024
+// probe take a minute, and every bf16 run repeated it, since its steps then
+// beat the measured peak and the cache entry was dropped.
+int64_t cpu_probe_side(const torch::TensorOptions& options) {
+  constexpr int64_t kSmall = 128;
+  const auto a = torch::randn({kSmall, kSmall}, options), b = torch::randn({kSmall, kSmall}, options);
+  auto c = torch::mm(a, b);  // warm up
+  const auto start = SteadyClock::now();
+  torch::mm_out(c, a, b);
+  const double rate = 2.0 * static_cast<double>(kSmall * kSmall * kSmall) / std::max(seconds_since(start), 1e-9);
+  const auto side = static_cast<int64_t>(std::cbrt(0.05 * rate / 2.0));
+  return std::clamp<int64_t>(side / 64 * 64, kSmall, 1024);
+}
+
 // The best rate of a square matrix product in `dtype`, large enough to
-// reach the device's steady state (n = 8192 on a GPU, 1024 on the CPU).
+// reach the device's steady state (n = 8192 on a GPU, up to 1024 on the CPU).
 Probe measure(const torch::Device& device, torch::ScalarType dtype) {
   torch::NoGradGuard no_grad;
-  const int64_t n = device.is_cuda() ? 8192 : 1024;
-  const int repeats = device.is_cuda() ? 20 : 3;
   const auto options = torch::TensorOptions().device(device).dtype(dtype);
+  const int64_t n = device.is_cuda() ? 8192 : cpu_probe_side(options);
+  const int repeats = device.is_cuda() ? 20 : 3;
   const auto a = torch::randn({n, n}, options), b = torch::randn({n, n}, options);
   auto c = torch::empty({n, n}, options);
   const auto sync = [&] {
