@@ -116,6 +116,15 @@ set(DTRAIN_LONG_TESTS
   train.pp.llama.ddp.dp2_pp2.1f1b.mpi                     train.pp.llama.zero2.dp2_pp2.1f1b.c10d
   train.checkpoint.reshard.llama.dp2_tp2_to_pp2_tp2       train.checkpoint.reshard.llama.tp4_to_dp2_tp2
   train.same_losses.bf16.pp_tp.ddp.c10d                   train.same_losses.bf16.pp.fsdp
+  # Context parallelism: the ring at 1 and 3 ranks, the GPT at cp 4 and with sequence
+  # parallelism, the ring without overlap, bf16 (make test: the ring at 2 and 4 ranks, Llama on
+  # (dp, cp) and (cp, tp), the GPT with pp, activation checkpointing without overlap).
+  cp.ring_attention.mpi.np1                               cp.ring_attention.mpi.np2
+  cp.ring_attention.mpi.np3                               cp.ring_attention.mpi.np4
+  train.cp.gpt.ddp.cp4.mpi                                train.cp.llama.fsdp.dp2_cp2.clip.mpi
+  train.cp.gpt.fsdp.cp2_tp2.sequence_parallel.mpi         train.cp.llama.zero2.cp2_tp2.c10d
+  train.cp.llama.ddp.cp2.overlap_off.c10d                 train.same_losses.cp.activation_checkpointing
+  train.same_losses.bf16.cp                               train.same_losses.bf16.pp.fsdp
   models.hugging_face.meshes                              models.hugging_face
   custom_model.sigterm_resume.zero2.np2                   custom_model.restart.fsdp.np2
   train.ps.sync_clip_equals_ddp                           train.ps.async_clip_equals_single

@@ -216,6 +216,15 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
                        "Pipeline parallelism (a spec with ModelSpec::pipeline_stage: gpt, gpt2, llama), the blocks in N consecutive stages on N groups of ranks (a (dp, pp) "
                        "mesh with dp = ranks / N; --strategy runs over the dp groups of each stage)")
       ->check(kPositive)->capture_default_str();
+  parallel->add_option("--cp", c.cp,
+                       "Context parallelism (a spec with ModelSpec::context_parallel: gpt, gpt2, llama): every "
+                       "sequence split over N ranks, a head and a tail chunk each so the causal work is even; "
+                       "attention runs as ring attention (a (dp, pp, cp, tp) mesh; --strategy runs over dp x cp; "
+                       "--seq-len a multiple of 2N)")
+      ->check(kPositive)->capture_default_str();
+  add_on_off(parallel, "--cp-overlap", c.cp_overlap,
+             "With --cp: on (default: the next key/value block travels while the block in hand is computed) | off "
+             "(each ring step waits for its block first; to measure the exposed communication)");
   parallel->add_option("--microbatches", c.microbatches,
                        "With --pp: each rank's part of the batch runs through the stages as M microbatches (more: a "
                        "smaller pipeline bubble, (pp-1)/(M+pp-1) of the step)")

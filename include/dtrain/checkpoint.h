@@ -125,8 +125,10 @@ struct HeldModel {
 //   and dtypes, listed as empty pieces so that a checkpoint lists every
 //   tensor and a load checks them all. A tensor several stages hold (GPT's
 //   tied wte, on the first and the last) is a copy on each, written once.
+// - cp (dtrain/context_parallel.h): the cp ranks hold the same parameters,
+//   copies across dp x cp (mesh.comm("dp_cp"), DeviceMesh::flatten).
 // `module`: the model (or stage) whole on each dp rank (DDP over dp, or
-// dp = 1); `fsdp`: sharded over mesh.comm("dp"). A checkpoint saved on one
+// dp = 1); `fsdp`: sharded over mesh.comm("dp"), or "dp_cp" with cp. A checkpoint saved on one
 // mesh loads on any other, into any strategy, and into the plain
 // single-process model; each element is written once.
 //

@@ -35,11 +35,19 @@ class DeviceMesh {
 
   const CommPtr& world() const { return world_; }
   // The communicator of one dimension: the ranks that share every other
-  // coordinate, ordered by their coordinate along it (its rank() is rank(name)).
+  // coordinate, ordered by their coordinate along it (its rank() is rank(name));
+  // or one flatten() made.
   const CommPtr& comm(const std::string& name) const;
   int size(const std::string& name) const;
   int rank(const std::string& name) const;  // this rank's coordinate along `name`
   bool has(const std::string& name) const;
+
+  // Collective: one communicator over several dimensions at once, e.g.
+  // {"dp", "cp"} (FSDP shards over dp x cp under context parallelism): the
+  // ranks that share every other coordinate, ordered row-major. comm(as)
+  // returns it from then on. Throws std::invalid_argument for an unknown or
+  // repeated name, or `as` already taken.
+  const CommPtr& flatten(const std::vector<std::string>& names, const std::string& as);
 
   // The dimensions' names and sizes, in layout order.
   const std::vector<std::pair<std::string, int>>& dims() const { return dims_; }
@@ -55,6 +63,7 @@ class DeviceMesh {
   std::vector<std::pair<std::string, int>> dims_;
   std::vector<int> coordinates_;  // this rank's
   std::vector<CommPtr> comms_;    // one per dimension
+  std::vector<std::pair<std::string, CommPtr>> flattened_;
 };
 
 }  // namespace dtrain

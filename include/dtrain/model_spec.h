@@ -178,6 +178,11 @@ struct ModelSpec {
   // The model declares its blocks as FSDP units (dtrain::Sharded<>):
   // --activation-checkpointing recomputes them in their backward.
   bool checkpointable_blocks = false;
+  // --cp N: the model runs on sequence shards, taking its tokens' positions
+  // from models::sequence_positions and its attention from
+  // models::causal_attention (Note [sequence context], dtrain/attention.h),
+  // and its loss is a mean over positions ([B, T, V] logits of [B, T] tokens).
+  bool context_parallel = false;
   // The closing samples of a token_sequences run (--samples): continues
   // `prompts` (int64 [count, P]) by `new_tokens` tokens and returns int64
   // [count, P + new_tokens]. `logits` runs the model through the run's

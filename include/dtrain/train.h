@@ -107,6 +107,14 @@ struct TrainConfig {
   // (dp, pp, tp). Each rank's part of the batch runs as `microbatches`
   // microbatches under `schedule` ("1f1b" | "gpipe").
   int pp = 1;
+  // Context parallelism (ModelSpec::context_parallel): every sequence split
+  // over cp ranks, head and tail chunks each (dtrain/context_parallel.h);
+  // attention runs as ring attention. The mesh is (dp, pp, cp, tp) and
+  // --strategy runs over dp x cp (the cp ranks hold the same parameters).
+  // seq_len must be a multiple of 2 x cp. cp_overlap false: each ring step
+  // waits for its block before computing (to measure the exposed time).
+  int cp = 1;
+  bool cp_overlap = true;
   int microbatches = 1;
   std::string schedule = "1f1b";
   // With pp and a sharded strategy: "step" gathers each stage's units once

@@ -92,8 +92,9 @@ void place_pipeline(HeldModel& held, const torch::nn::Module& whole, const Devic
 HeldModel place_on_mesh(HeldModel held, const torch::nn::Module& root, const DeviceMesh& mesh,
                         const torch::nn::Module* whole) {
   bool known = mesh.has("dp");
-  for (const auto& dim : mesh.dims()) known = known && (dim.first == "dp" || dim.first == "pp" || dim.first == "tp");
-  if (!known) throw std::invalid_argument("held_on_mesh: the mesh " + mesh.describe() + " is not (dp[, pp][, tp])");
+  for (const auto& dim : mesh.dims()) known = known && (dim.first == "dp" || dim.first == "pp" || dim.first == "cp" || dim.first == "tp");
+  if (!known)
+    throw std::invalid_argument("held_on_mesh: the mesh " + mesh.describe() + " is not (dp[, pp][, cp][, tp])");
   if (mesh.has("pp") && whole == nullptr)
     throw std::invalid_argument("held_on_mesh: a mesh with pp needs the whole model (for the other stages' names)");
   over_the_world(held, mesh);
@@ -105,7 +106,8 @@ HeldModel place_on_mesh(HeldModel held, const torch::nn::Module& root, const Dev
 }  // namespace
 
 HeldModel held_on_mesh(torch::nn::Module& module, const DeviceMesh& mesh, const torch::nn::Module* whole) {
-  return place_on_mesh(detail::held_by_module(module, mesh.comm("dp")), module, mesh, whole);
+  // With cp the replicas are over dp x cp (the cp ranks hold the same parameters).
+  return place_on_mesh(detail::held_by_module(module, mesh.comm(mesh.has("cp") ? "dp_cp" : "dp")), module, mesh, whole);
 }
 
 HeldModel held_on_mesh(FullyShardedBase& fsdp, const DeviceMesh& mesh, const torch::nn::Module* whole) {

@@ -69,7 +69,31 @@ size_t DeviceMesh::index_of(const std::string& name) const {
   throw std::invalid_argument("DeviceMesh " + describe() + " has no dimension '" + name + "'");
 }
 
-const CommPtr& DeviceMesh::comm(const std::string& name) const { return comms_[index_of(name)]; }
+const CommPtr& DeviceMesh::comm(const std::string& name) const {
+  for (const auto& [as, comm] : flattened_)
+    if (as == name) return comm;
+  return comms_[index_of(name)];
+}
+
+const CommPtr& DeviceMesh::flatten(const std::vector<std::string>& names, const std::string& as) {
+  if (names.empty() || as.empty() || has(as))
+    throw std::invalid_argument("DeviceMesh::flatten: a name for the group and the dimensions it spans, not '" + as + "'");
+  for (const auto& [taken, comm] : flattened_)
+    if (taken == as) throw std::invalid_argument("DeviceMesh::flatten: '" + as + "' is already a flattened group");
+  std::vector<bool> spanned(dims_.size(), false);
+  for (const auto& name : names) {
+    const size_t d = index_of(name);
+    if (spanned[d]) throw std::invalid_argument("DeviceMesh::flatten: '" + name + "' named twice");
+    spanned[d] = true;
+  }
+  // As for one dimension: the color is our world rank with the spanned
+  // coordinates set to 0; the world rank orders the group row-major.
+  std::vector<int> base = coordinates_;
+  for (size_t d = 0; d < dims_.size(); ++d)
+    if (spanned[d]) base[d] = 0;
+  flattened_.emplace_back(as, world_->split(world_rank(base), world_->rank()));
+  return flattened_.back().second;
+}
 int DeviceMesh::size(const std::string& name) const { return dims_[index_of(name)].second; }
 int DeviceMesh::rank(const std::string& name) const { return coordinates_[index_of(name)]; }
 

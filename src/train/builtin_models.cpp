@@ -152,6 +152,7 @@ ModelSpec gpt_family(const std::string& summary, bool gelu_tanh) {
   spec.classification = false;
   spec.token_sequences = true;
   spec.checkpointable_blocks = true;
+  spec.context_parallel = true;
   spec.hugging_face = gpt2_hugging_face(gelu_tanh);
   spec.check = [](const TrainConfig& c) {
     check_transformer_flags(c, /*llama=*/false);
@@ -187,6 +188,7 @@ ModelSpec llama() {
   spec.classification = false;
   spec.token_sequences = true;
   spec.checkpointable_blocks = true;
+  spec.context_parallel = true;
   spec.hugging_face = llama_hugging_face();
   spec.check = [](const TrainConfig& c) {
     check_transformer_flags(c, /*llama=*/true);

@@ -231,6 +231,39 @@ void check_tensor_parallel_flags(const TrainConfig& c, const ModelSpec& spec, in
   if (c.balance) fail(tp + " does not work with --balance (the tp ranks of a dp group share one batch part)");
 }
 
+// --cp N: every sequence split over N ranks (dtrain/context_parallel.h).
+// What it does not combine with yet is refused here, naming the flag.
+void check_context_parallel_flags(const TrainConfig& c, const ModelSpec& spec, int world_size) {
+  if (c.cp < 1) fail("--cp must be >= 1, got " + std::to_string(c.cp));
+  if (c.cp == 1) return;
+  const std::string cp = "--cp " + std::to_string(c.cp);
+  if (!spec.context_parallel)
+    fail(cp + " needs a model that runs on sequence shards (ModelSpec::context_parallel: its positions from "
+         "models::sequence_positions, its attention from models::causal_attention), which --model " + c.model +
+         "'s spec does not declare");
+  const int others = c.pp * c.cp * c.tp;
+  if (world_size % others != 0)
+    fail(cp + (c.pp > 1 ? " x --pp " + std::to_string(c.pp) : std::string()) +
+         (c.tp > 1 ? " x --tp " + std::to_string(c.tp) : std::string()) + " does not divide the " +
+         std::to_string(world_size) + " ranks (--nproc): the ranks form a (dp, pp, cp, tp) mesh with dp = ranks / " +
+         std::to_string(others));
+  if (c.seq_len % (2 * c.cp) != 0)
+    fail(cp + " needs --seq-len divisible by " + std::to_string(2 * c.cp) + " (each rank holds a head and a tail "
+         "chunk of 2 x cp equal chunks), got " + std::to_string(c.seq_len));
+  if (c.sequence_parallel && (c.seq_len / c.cp) % c.tp != 0)
+    fail("--sequence-parallel with " + cp + " and --tp " + std::to_string(c.tp) + " splits each rank's " +
+         std::to_string(c.seq_len / c.cp) + " tokens over tp: it needs --seq-len divisible by " +
+         std::to_string(c.cp * c.tp));
+  if (c.dropout > 0)
+    fail(cp + " with --dropout " + std::to_string(c.dropout) + " is not available: one process's dropout masks "
+         "over whole sequences are not drawn on shards; use --dropout 0");
+  if (!one_of(c.strategy, {"ddp", "zero1", "zero2", "fsdp", "hsdp"}))
+    fail(cp + " combines with --strategy ddp, zero1, zero2, fsdp or hsdp (over dp x cp: the cp ranks' gradients are "
+         "summed like data-parallel ranks'), not " + c.strategy);
+  if (c.compress != "none") fail(cp + " does not work with --compress " + c.compress + " yet");
+  if (c.balance) fail(cp + " does not work with --balance (the cp ranks of a dp group share one batch part)");
+}
+
 // --pp N: a (dp, pp) mesh of GPT stages (dtrain/pipeline.h). What it does
 // not combine with yet is refused here, naming the flag.
 void check_pipeline_flags(const TrainConfig& c, const ModelSpec& spec, int world_size) {
@@ -250,7 +283,7 @@ void check_pipeline_flags(const TrainConfig& c, const ModelSpec& spec, int world
          "'s spec does not have");
   if (c.sequence_parallel)
     fail(pp + " with --sequence-parallel is not available yet (the stages send whole sequences)");
-  if (world_size % (c.pp * c.tp) != 0)
+  if (world_size % (c.pp * c.tp) != 0 && c.cp == 1)
     fail(pp + (c.tp > 1 ? " x --tp " + std::to_string(c.tp) : std::string()) + " does not divide the " +
          std::to_string(world_size) + " ranks (--nproc): the ranks form a " +
          (c.tp > 1 ? "(dp, pp, tp) mesh with dp = ranks / (pp x tp)" : "(dp, pp) mesh with dp = ranks / pp"));
@@ -262,7 +295,7 @@ void check_pipeline_flags(const TrainConfig& c, const ModelSpec& spec, int world
     fail("--pp-gather " + c.pp_gather + " says when a sharded strategy gathers a stage's units: it needs --strategy "
          "zero1, zero2, fsdp or hsdp, not " + c.strategy);
   if (c.balance) fail(pp + " does not work with --balance (a batch part splits into equal microbatches)");
-  const int dp = world_size / (c.pp * c.tp);
+  const int dp = world_size / (c.pp * c.cp * c.tp);
   if (c.batch_size % (static_cast<int64_t>(dp) * c.microbatches) != 0)
     fail("--batch-size " + std::to_string(c.batch_size) + " must split into " + std::to_string(dp) +
          (dp == 1 ? " data-parallel group" : " data-parallel groups") + " x --microbatches " +
@@ -303,9 +336,10 @@ void check_activation_checkpointing(const TrainConfig& c, const ModelSpec& spec,
 void check_train_config(const TrainConfig& c, int world_size) {
   const ModelSpec& spec = find_model(c.model);  // an unknown --model: the registered ones named
   check_tensor_parallel_flags(c, spec, world_size);
+  check_context_parallel_flags(c, spec, world_size);
   check_pipeline_flags(c, spec, world_size);
-  // The ranks that read data and run --strategy: the dp groups of the mesh.
-  const int data_ranks = world_size / std::max(1, c.tp * c.pp);
+  // The ranks that read data: the dp groups of the mesh (--strategy runs over dp x cp).
+  const int data_ranks = world_size / std::max(1, c.tp * c.pp * c.cp);
   if (spec.check) spec.check(c);
   if (!(c.dropout >= 0.0 && c.dropout < 1.0)) fail("--dropout must be in [0, 1), got " + std::to_string(c.dropout));
   if (!c.init_from.empty()) {
@@ -326,7 +360,7 @@ void check_train_config(const TrainConfig& c, int world_size) {
   train::check_strategy({.name = c.strategy, .compress = c.compress, .mixed_precision = c.mixed_precision,
                          .reduce_dtype = c.reduce_dtype, .fsdp_prefetch = c.fsdp_prefetch,
                          .fsdp_compress = c.fsdp_compress, .activation_checkpointing = c.activation_checkpointing},
-                        data_ranks);
+                        data_ranks * c.cp);  // the engine's ranks
   check_activation_checkpointing(c, spec, device);
   check_features(c, strategy_info(c.strategy));
   check_ps_and_straggler_flags(c, world_size);
@@ -336,8 +370,8 @@ void check_train_config(const TrainConfig& c, int world_size) {
   check_positive("--batch-size", c.batch_size);
   if (c.batch_size < data_ranks)
     fail("--batch-size " + std::to_string(c.batch_size) + " is the global batch, split over " +
-         std::to_string(data_ranks) + (c.tp * c.pp > 1 ? " data-parallel groups" : " ranks") +
-         ": it must be at least the number of " + (c.tp * c.pp > 1 ? "groups" : "ranks"));
+         std::to_string(data_ranks) + (c.tp * c.pp * c.cp > 1 ? " data-parallel groups" : " ranks") +
+         ": it must be at least the number of " + (c.tp * c.pp * c.cp > 1 ? "groups" : "ranks"));
 
   if (!one_of(c.optimizer, {"sgd", "adamw"})) fail("--optimizer '" + c.optimizer + "' is not one of: sgd, adamw");
   if (!(c.lr > 0.0)) fail("--lr must be positive, got " + std::to_string(c.lr));

@@ -64,9 +64,9 @@ std::string step_advice(const TrainConfig& config) {
 }
 
 std::optional<std::string> memory_summary(const TrainConfig& config, int world_size, const TrainResult& result) {
-  // The planner does not describe pipeline stages yet.
+  // The planner does not describe pipeline stages or sequence shards yet.
   if (strategy_info(config.strategy).engine != StrategyEngine::FSDP || result.peak_memory_bytes_per_rank.empty() ||
-      config.pp > 1)
+      config.pp > 1 || config.cp > 1)
     return std::nullopt;
   try {
     const plan::Plan planned = plan_for(config, config.strategy, world_size);

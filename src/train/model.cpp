@@ -72,11 +72,16 @@ Model build_model(const TrainConfig& config, bool deferred, CommPtr tp_group) {
 }
 
 std::optional<DeviceMesh> make_mesh(const TrainConfig& config, const CommPtr& world) {
-  if (config.tp == 1 && config.pp == 1) return std::nullopt;
+  if (config.tp == 1 && config.pp == 1 && config.cp == 1) return std::nullopt;
   std::vector<std::pair<std::string, int>> dimensions{{"dp", -1}};
   if (config.pp > 1) dimensions.emplace_back("pp", config.pp);
+  if (config.cp > 1) dimensions.emplace_back("cp", config.cp);
   if (config.tp > 1) dimensions.emplace_back("tp", config.tp);
-  return std::optional<DeviceMesh>(std::in_place, world, dimensions);
+  std::optional<DeviceMesh> mesh(std::in_place, world, dimensions);
+  // The cp ranks hold the same parameters and compute gradients of different
+  // tokens: the data-parallel engine reduces (and shards) over dp x cp.
+  if (config.cp > 1) mesh->flatten({"dp", "cp"}, "dp_cp");
+  return mesh;
 }
 
 Model build_stage(const TrainConfig& config, const DeviceMesh& mesh, bool deferred) {

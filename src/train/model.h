@@ -39,8 +39,9 @@ const ModelSpec& model_spec(const TrainConfig& config);
 // hook splits it across `tp_group`.
 Model build_model(const TrainConfig& config, bool deferred = false, CommPtr tp_group = nullptr);
 
-// --tp, --pp: the ranks as the (dp, pp, tp) mesh (tp innermost; the
-// dimensions of size 1 left out); none without either.
+// --tp, --pp, --cp: the ranks as the (dp, pp, cp, tp) mesh (tp innermost;
+// the dimensions of size 1 left out; with cp, "dp_cp" flattened too); none
+// without any.
 std::optional<DeviceMesh> make_mesh(const TrainConfig& config, const CommPtr& world);
 
 // --pp: this rank's stage on `mesh` (the spec's pipeline_stage hook). Seed

@@ -106,6 +106,7 @@ std::map<std::string, std::string> run_description(const TrainConfig& c, int64_t
   for (const auto& [key, value] : c.model_options) description["model_option." + key] = value;
   if (const auto& adapter = model_spec(c).hugging_face)
     description["hf_config"] = adapter->write_config(c, c.model_config_json);
+  if (c.cp > 1) description["cp"] = std::to_string(c.cp);
   if (c.tp > 1) description["tp"] = std::to_string(c.tp) + (c.sequence_parallel ? " (sequence parallel)" : "");
   return description;
 }

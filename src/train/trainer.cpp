@@ -17,6 +17,7 @@
 #include "dtrain/train.h"
 #include "dtrain/trainer.h"
 
+#include "dtrain/context_parallel.h"
 #include "dtrain/data.h"
 #include "dtrain/mesh.h"
 #include "dtrain/memory.h"
@@ -124,6 +125,7 @@ class DataParallelRun final : public train::StepSource {
   double take_pending_loss_sum();
   double pipeline_forward_and_backward(int64_t step, const data::Batch& part);
   std::vector<int64_t> activation_shape(int64_t samples) const;
+  data::Batch on_my_tokens(data::Batch batch) const;
   void build();
   void print_banner() const;
   int64_t resume();
@@ -135,14 +137,20 @@ class DataParallelRun final : public train::StepSource {
   const TrainConfig& config_;
   CommPtr world_;
   const int world_size_, rank_;
-  // --tp, --pp: the (dp, pp, tp) mesh. The ranks of one dp index (its
-  // stages and tensor-parallel slices) share a batch part and compute one
-  // loss; data, strategy and the loss's divisor are the dp group's (without
-  // a mesh: the world).
+  // --tp, --pp, --cp: the (dp, pp, cp, tp) mesh. The ranks of one dp index
+  // (its stages, sequence shards and tensor-parallel slices) share a batch
+  // part and compute one loss; data and the loss's divisor are the dp
+  // group's (without a mesh: the world), the strategy runs over dp x cp.
   std::optional<DeviceMesh> mesh_;
   CommPtr data_world_;
   const int dp_size_, dp_rank_;
   const bool part_leader_;  // the first rank of its dp index: logs and counts its part's loss once
+  // What this rank's part loss counts in the global sum: 1 on the part
+  // leader; under --cp, 1/cp on each cp rank of the first stage and tp slice
+  // (each holds the mean over its shard of the part's sequences); else 0.
+  const double loss_share_;
+  CommPtr engine_world_;  // what --strategy runs over: dp x cp under --cp, else data_world_
+  std::optional<cp::ContextParallel> context_;  // --cp: this rank's sequence shards and ring
   std::optional<pp::Pipeline> pipeline_;  // --pp: this rank's stage's schedule
   // --pp: the tied wte as the optimizer updates it (the sharded strategies:
   // its shard) on the first and last stage, for pp::sum_tied_gradients.
@@ -193,7 +201,12 @@ DataParallelRun::DataParallelRun(const TrainConfig& config, CommPtr world)
       data_world_(mesh_ ? mesh_->comm("dp") : world_),
       dp_size_(data_world_->size()),
       dp_rank_(data_world_->rank()),
-      part_leader_(rank_ % (config.pp * config.tp) == 0),  // dp is the outermost dimension
+      part_leader_(rank_ % (config.pp * config.cp * config.tp) == 0),  // dp is the outermost dimension
+      loss_share_(config.cp == 1 ? (part_leader_ ? 1.0 : 0.0)
+                  : (mesh_->has("pp") ? mesh_->rank("pp") : 0) + (mesh_->has("tp") ? mesh_->rank("tp") : 0) == 0
+                      ? 1.0 / config.cp
+                      : 0.0),
+      engine_world_(config.cp > 1 ? mesh_->comm("dp_cp") : data_world_),
       printing_(config.print && rank_ == 0),
       device_(train::resolve_device(config)),
       peak_flops_((train::prepare_device(config, device_), job_peak_flops(config, device_, world_))),
@@ -237,9 +250,10 @@ void DataParallelRun::build() {
     model_ = train::build_model(config_, deferred, config_.tp > 1 ? mesh_->comm("tp") : nullptr);
   }
   if (mesh_) model_.mesh = &*mesh_;
+  if (config_.cp > 1) context_.emplace(mesh_->comm("cp"), config_.cp_overlap);
   // A model's SyncBatchNorm layers take their statistics over the global
   // batch: every data-parallel rank's part (dtrain/sync_batch_norm.h).
-  set_sync_batch_norm_comm(*model_.module, data_world_);
+  set_sync_batch_norm_comm(*model_.module, engine_world_);
   strategy_ = train::wrap_model(
       model_, {.name = config_.strategy, .compress = config_.compress, .mixed_precision = config_.mixed_precision,
                .reduce_dtype = config_.reduce_dtype,
@@ -248,7 +262,7 @@ void DataParallelRun::build() {
                .gather_per_microbatch = config_.pp_gather == "microbatch",
                .device = device_.is_cuda() ? std::optional<torch::Device>(device_) : std::nullopt,
                .comm_streams = config_.comm_streams},
-      data_world_);
+      engine_world_);
   if (pipeline_ && !model_.tied_weight.empty()) tied_weight_ = strategy_->updated_tensor(model_.tied_weight);
   if (!config_.init_from.empty()) {
     memory::set_phase("load of --init-from " + config_.init_from);
@@ -324,7 +338,11 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   if (part_leader_)  // DTRAIN_TEST_SAMPLE_LOG: one record per batch part
     train::log_samples(dp_size_, dp_rank_, step, sampler_->options().dataset_size,
                        sampler_->options().global_batch_size, local_indices);
-  const data::Batch part = train::batch_on(data_.train->get_batch(local_indices), device_);
+  const data::Batch part = on_my_tokens(train::batch_on(data_.train->get_batch(local_indices), device_));
+  // --cp: the models' positions and attention are this rank's shard's from
+  // here through backward (and a recompute in it) and clipping.
+  std::optional<cp::ContextParallel::Scope> on_shards;
+  if (context_) on_shards.emplace(*context_);
   stragglers_.begin();
   optimizer_->zero_grad();
   // The part's loss: under --pp the pipeline has it on the host already;
@@ -364,7 +382,7 @@ train::StepOutcome DataParallelRun::run_step(int64_t step) {
   if (previous_late) local_sum = take_pending_loss_sum();
   auto stats = torch::zeros({2 + 3 * world_size_}, torch::kFloat64);
   auto values = stats.accessor<double, 1>();
-  values[0] = part_leader_ ? local_sum : 0.0;  // the part's loss (on every rank of its dp index), once
+  values[0] = loss_share_ * local_sum;  // the part's loss (on every rank of its dp index), once
   values[1] = static_cast<double>(train::StopSignals::received());
   const std::vector<int64_t> mine = device_peaks();
   for (int k = 0; k < 3; ++k) values[2 + k * world_size_ + rank_] = static_cast<double>(mine[static_cast<size_t>(k)]);
@@ -399,7 +417,7 @@ double DataParallelRun::take_pending_loss_sum() {
 // The late step's loss, now (collective over the world, as the step's stats).
 double DataParallelRun::settle_loss() {
   const double local_sum = take_pending_loss_sum();
-  auto sum = torch::tensor({part_leader_ ? local_sum : 0.0}, torch::kFloat64);
+  auto sum = torch::tensor({loss_share_ * local_sum}, torch::kFloat64);
   world_->blocking().all_reduce(sum, ReduceOp::Sum);
   return sum.item<double>() / static_cast<double>(config_.batch_size);
 }
@@ -429,7 +447,16 @@ torch::Tensor DataParallelRun::forward_and_backward(int64_t step, const data::Ba
 
 // What a stage sends the next for `samples` windows of --seq-len (the spec's pipeline_stage says).
 std::vector<int64_t> DataParallelRun::activation_shape(int64_t samples) const {
-  return model_.activation_shape(samples, config_.seq_len);
+  return model_.activation_shape(samples, config_.seq_len / config_.cp);  // --cp: a shard's tokens
+}
+
+// --cp: of every sequence of the batch (inputs and targets), this rank's
+// head and tail chunks; the batch itself otherwise.
+data::Batch DataParallelRun::on_my_tokens(data::Batch batch) const {
+  if (!context_) return batch;
+  batch.inputs = context_->shard(batch.inputs, 1);
+  batch.targets = context_->shard(batch.targets, 1);
+  return batch;
 }
 
 // --pp: the part's microbatches through the stages under the schedule. Each
@@ -459,18 +486,31 @@ double DataParallelRun::pipeline_forward_and_backward(int64_t step, const data::
 }
 
 train::Evaluation DataParallelRun::evaluate() {
-  if (!pipeline_) {
+  if (!pipeline_ && !context_) {
     return train::evaluate([&](const torch::Tensor& inputs) { return strategy_->forward(inputs); }, model_,
                            *data_.validation, eval_count_, eval_chunk_, *data_world_, device_);
   }
-  const auto part_loss = [&](const data::Batch& part) {
+  std::optional<cp::ContextParallel::Scope> on_shards;  // --cp, as in a step
+  if (context_) on_shards.emplace(*context_);
+  const auto part_loss = [&](const data::Batch& whole) {
+    const data::Batch part = on_my_tokens(whole);
     train::PartTotals totals;
-    totals.loss_sum = pipeline_->evaluate(
-        [&](const torch::Tensor& x) { return strategy_->forward(x); },
-        [&](const torch::Tensor& logits, const torch::Tensor& targets) {
-          return model_.loss(in_fp32(logits), targets).sum();
-        },
-        part.inputs, part.targets, activation_shape(0), compute_dtype(config_));
+    if (pipeline_) {
+      totals.loss_sum = pipeline_->evaluate(
+          [&](const torch::Tensor& x) { return strategy_->forward(x); },
+          [&](const torch::Tensor& logits, const torch::Tensor& targets) {
+            return model_.loss(in_fp32(logits), targets).sum();
+          },
+          part.inputs, part.targets, activation_shape(0), compute_dtype(config_));
+    } else {
+      totals.loss_sum = model_.loss(strategy_->forward(part.inputs), part.targets).sum().item<double>();
+    }
+    if (context_) {
+      // Each cp rank has its shards' mean per sequence: the part's is their mean.
+      auto sum = torch::tensor({totals.loss_sum}, torch::kFloat64);
+      context_->group()->blocking().all_reduce(sum, ReduceOp::Sum);
+      totals.loss_sum = sum.item<double>() / context_->size();
+    }
     return totals;
   };
   return train::evaluate(part_loss, model_, *data_.validation, eval_count_, eval_chunk_, *data_world_, device_);
@@ -590,7 +630,7 @@ void DataParallelRun::finish(double train_seconds) {
   nlohmann::ordered_json final_line = train::final_record(config_, result_, model_.parameters);
   final_line["local_batch_sizes"] = stragglers_.local_batch_sizes();  // --balance; [] = the even split
   final_line["train_time_s"] = train_seconds;
-  final_line["mesh"] = {{"dp", dp_size_}, {"pp", config_.pp}, {"tp", config_.tp}};
+  final_line["mesh"] = {{"dp", dp_size_}, {"pp", config_.pp}, {"cp", config_.cp}, {"tp", config_.tp}};
   final_line["device"] = device_.str();
   // A peak the steps beat was measured under load (or given wrong): the next
   // run measures again rather than divide by it (Utilization::mfu).

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""dtrain train --tp N / --pp N (issues 20 and 21): a GPT run on a
-(dp, pp, tp) mesh equals the same run on one process.
+"""dtrain train --tp N / --pp N / --cp N (issues 20, 21 and 39): a run on a
+(dp, pp, cp, tp) mesh equals the same run on one process.
 
-    check_mesh.py [--tp T] [--pp P --microbatches M --schedule S] --nproc N [--strategy S] [--backend B]
-                  [--sequence-parallel] DTRAIN -- TRAIN_ARGS...
+    check_mesh.py [--tp T] [--pp P --microbatches M --schedule S] [--cp C [--cp-overlap off]] --nproc N
+                  [--strategy S] [--backend B] [--sequence-parallel] DTRAIN -- TRAIN_ARGS...
 
 Runs TRAIN_ARGS once with --strategy single --nproc 1 (the reference) and once
-with --strategy S --nproc N --tp T --pp P (and the pipeline's and sequence
+with --strategy S --nproc N --tp T --pp P --cp C (and the pipeline's and sequence
 parallelism's flags, if given), both with --metrics and --log-every 1, and
 fails unless: the mesh run exits 0; its final line says mesh
-{"dp": N/(T*P), "pp": P, "tp": T} and the GPT's full parameter count; every
+{"dp": N/(T*P*C), "pp": P, "cp": C, "tp": T} and the model's full parameter count; every
 step's loss and the final validation loss equal the reference's within 1e-5
 (the parallel run sums in another order, as data parallelism does); the
 banner names the mesh.
@@ -35,6 +35,8 @@ def main():
     parser.add_argument("--microbatches", type=int)
     parser.add_argument("--schedule")
     parser.add_argument("--pp-gather")
+    parser.add_argument("--cp", type=int, default=1)
+    parser.add_argument("--cp-overlap")
     parser.add_argument("--nproc", type=int, required=True)
     parser.add_argument("--strategy", default="fsdp")
     parser.add_argument("--backend", default="mpi")
@@ -55,11 +57,16 @@ def main():
             pipeline += ["--schedule", args.schedule]
         if args.pp_gather:
             pipeline += ["--pp-gather", args.pp_gather]
+        if args.cp > 1:
+            pipeline += ["--cp", str(args.cp)]
+        if args.cp_overlap:
+            pipeline += ["--cp-overlap", args.cp_overlap]
         _, output = run(base + ["--strategy", args.strategy, "--nproc", str(args.nproc), "--tp", str(args.tp),
                              "--pp", str(args.pp), "--backend", args.backend, "--metrics", tp_path] + pipeline
                         + (["--sequence-parallel"] if args.sequence_parallel else []))
-        dp = args.nproc // (args.tp * args.pp)
-        shape = ", ".join([f"dp={dp}"] + [f"{name}={size}" for name, size in (("pp", args.pp), ("tp", args.tp))
+        dp = args.nproc // (args.tp * args.pp * args.cp)
+        shape = ", ".join([f"dp={dp}"] + [f"{name}={size}" for name, size in (("pp", args.pp), ("cp", args.cp),
+                                                                               ("tp", args.tp))
                                           if size > 1])
         if f"mesh ({shape})" not in output:
             fail(f"the banner does not name the mesh ({shape})")
@@ -80,8 +87,9 @@ def main():
             fail(f"a step's loss differs from single-process training by {worst:.3g} > {TOLERANCE}")
         if eval_difference > TOLERANCE:
             fail(f"the validation loss differs by {eval_difference:.3g} > {TOLERANCE}")
-        if tp_final.get("mesh") != {"dp": dp, "pp": args.pp, "tp": args.tp}:
-            fail(f"the final line's mesh is {tp_final.get('mesh')}, expected dp {dp}, pp {args.pp}, tp {args.tp}")
+        if tp_final.get("mesh") != {"dp": dp, "pp": args.pp, "cp": args.cp, "tp": args.tp}:
+            fail(f"the final line's mesh is {tp_final.get('mesh')}, expected dp {dp}, pp {args.pp}, cp {args.cp}, "
+                 f"tp {args.tp}")
         if tp_final.get("parameters") != ref_final.get("parameters"):
             fail(f"parameters {tp_final.get('parameters')} (the whole model's count, {ref_final.get('parameters')}, "
                  "expected)")
