@@ -49,9 +49,13 @@ int64_t causal_pairs(int64_t T, int size, int rank, bool balanced);
 struct Ring {
   CommPtr group, blocks, gradients;
   bool overlap = true;  // false: wait for each block before computing (to measure the exposed time)
+  // On the CPU, each (query chunk, key chunk) pair runs LibTorch's flash
+  // kernel, which holds no [c, c] scores (c = T / (2 cp)); false, and on
+  // other devices for now, matrix products over the pair's scores in fp32.
+  bool fused = true;
 };
 // Collective over `group`.
-Ring make_ring(CommPtr group, bool overlap = true);
+Ring make_ring(CommPtr group, bool overlap = true, bool fused = true);
 
 // Causal attention of this rank's queries over the keys and values of every
 // rank of the ring, each holding its shard_sequence of T = size · local

@@ -6,6 +6,8 @@
 
 #include "dtrain/trace.h"
 
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <torch/autograd.h>
 #include <torch/custom_class.h>
 #include <torch/torch.h>
@@ -64,6 +66,53 @@ torch::Tensor scores(const torch::Tensor& q, const torch::Tensor& k, Pairs pairs
 // A chunk's local rows [which * c, (which + 1) * c) along the sequence dimension (2).
 torch::Tensor rows(const torch::Tensor& x, int which, int64_t c) { return x.narrow(2, which * c, c); }
 
+// One (query chunk, key chunk) pair's attention, normalised over its keys:
+// the output and the log-sum-exp of the scaled scores per query, fp32.
+struct Partial {
+  torch::Tensor out, lse;
+};
+
+// Ring::fused: LibTorch's CPU flash kernel, which returns the log-sum-exp and
+// holds no [c, c] scores; otherwise (and on other devices) matrix products
+// over the scores in fp32.
+bool use_fused(const Ring& ring, const torch::Tensor& q) { return ring.fused && q.device().is_cpu(); }
+
+Partial block_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, Pairs pairs,
+                      double scale, bool fused) {
+  if (fused) {
+    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+        q.contiguous(), k.contiguous(), v.contiguous(), 0.0, pairs == Pairs::Diagonal, {}, scale);
+    return {out.to(torch::kFloat), lse.to(torch::kFloat)};
+  }
+  const torch::Tensor s = scores(q.to(torch::kFloat), k.to(torch::kFloat), pairs, scale);
+  const torch::Tensor lse = torch::logsumexp(s, -1);
+  return {torch::matmul(torch::exp(s - lse.unsqueeze(-1)), v.to(torch::kFloat)), lse};
+}
+
+// A pair's share of the gradients (fp32), given the whole attention's output
+// and log-sum-exp (the merged ones): softmax's backward needs the final
+// probabilities, exp(scores - lse), and rowsum(dO * O) of the final output.
+struct PairGradients {
+  torch::Tensor dq, dk, dv;
+};
+
+PairGradients block_backward(const torch::Tensor& dout, const torch::Tensor& q, const torch::Tensor& k,
+                             const torch::Tensor& v, const torch::Tensor& out, const torch::Tensor& lse, Pairs pairs,
+                             double scale, bool fused) {
+  if (fused) {
+    const auto dtype = q.scalar_type();
+    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        dout.to(dtype).contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out.to(dtype).contiguous(),
+        lse.contiguous(), 0.0, pairs == Pairs::Diagonal, {}, scale);
+    return {dq.to(torch::kFloat), dk.to(torch::kFloat), dv.to(torch::kFloat)};
+  }
+  const torch::Tensor q32 = q.to(torch::kFloat), k32 = k.to(torch::kFloat), v32 = v.to(torch::kFloat);
+  const torch::Tensor p = torch::exp(scores(q32, k32, pairs, scale) - lse.unsqueeze(-1));
+  const torch::Tensor dp = torch::matmul(dout, v32.transpose(-2, -1));
+  const torch::Tensor ds = p * (dp - (dout * out).sum(-1, /*keepdim=*/true)) * scale;
+  return {torch::matmul(ds, k32), torch::matmul(ds.transpose(-2, -1), q32), torch::matmul(p.transpose(-2, -1), dout)};
+}
+
 // Calls `body(query chunk, key chunk, pairs)` for the pairs rank r computes
 // against the block that rank `source` holds.
 template <typename Body>
@@ -88,11 +137,11 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const int n = ring.group->size(), r = ring.group->rank();
     const int64_t c = q.size(2) / 2;
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-    const torch::Tensor q32 = q.to(torch::kFloat);
+    const bool fused = use_fused(ring, q);
+    const auto fp32 = q.options().dtype(torch::kFloat);
     // The running result, normalised over the keys seen so far, and their log-sum-exp.
-    torch::Tensor out = torch::zeros(q.sizes(), q32.options());
-    torch::Tensor lse = torch::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<double>::infinity(),
-                                    q32.options());
+    torch::Tensor out = torch::zeros(q.sizes(), fp32);
+    torch::Tensor lse = torch::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<double>::infinity(), fp32);
     torch::Tensor block = torch::stack({k, v}).contiguous();  // travels in the inputs' dtype
     std::vector<WorkPtr> transfers;
     for (int i = 0; i < n; ++i) {
@@ -105,16 +154,14 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       }
       {
         trace::Span computing("cp_attention", trace::category::compute, {{"step", i}});
-        const torch::Tensor k32 = block[0].to(torch::kFloat), v32 = block[1].to(torch::kFloat);
         for_each_pair(r, source, n, [&](int qa, int kb, Pairs pairs) {
-          const torch::Tensor s = scores(rows(q32, qa, c), rows(k32, kb, c), pairs, scale);
-          const torch::Tensor block_lse = torch::logsumexp(s, -1);
-          const torch::Tensor block_out = torch::matmul(torch::exp(s - block_lse.unsqueeze(-1)), rows(v32, kb, c));
+          const Partial part = block_forward(rows(q, qa, c), rows(block[0], kb, c), rows(block[1], kb, c), pairs,
+                                             scale, fused);
           // Online softmax: rescale what is there and what comes to the new total.
           torch::Tensor out_rows = rows(out, qa, c), lse_rows = lse.narrow(2, qa * c, c);
-          const torch::Tensor total = torch::logaddexp(lse_rows, block_lse);
+          const torch::Tensor total = torch::logaddexp(lse_rows, part.lse);
           out_rows.mul_(torch::exp(lse_rows - total).unsqueeze(-1))
-              .add_(block_out * torch::exp(block_lse - total).unsqueeze(-1));
+              .add_(part.out * torch::exp(part.lse - total).unsqueeze(-1));
           lse_rows.copy_(total);
         });
       }
@@ -135,9 +182,10 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const int n = ring.group->size(), r = ring.group->rank();
     const int64_t c = q.size(2) / 2;
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-    const torch::Tensor q32 = q.to(torch::kFloat), dout = grads[0].to(torch::kFloat);
-    const torch::Tensor D = (dout * out).sum(-1);  // rowsum(dO ∘ O): softmax's backward term
-    torch::Tensor dq = torch::zeros(q.sizes(), q32.options());
+    const bool fused = use_fused(ring, q);
+    const auto fp32 = q.options().dtype(torch::kFloat);
+    const torch::Tensor dout = grads[0].to(torch::kFloat);
+    torch::Tensor dq = torch::zeros(q.sizes(), fp32);
     torch::Tensor block = torch::stack({k, v}).contiguous();
     torch::Tensor received;  // the gradient sum of the block in hand, from the ranks before
     std::vector<WorkPtr> transfers, gradient_transfers;
@@ -150,19 +198,16 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         if (!ring.overlap) wait_all(transfers);
       }
       // This rank's part of the block's gradient (keys, values), fp32.
-      torch::Tensor gradient = torch::zeros({2, k.size(0), k.size(1), k.size(2), k.size(3)}, q32.options());
+      torch::Tensor gradient = torch::zeros({2, k.size(0), k.size(1), k.size(2), k.size(3)}, fp32);
       {
         trace::Span computing("cp_attention_backward", trace::category::compute, {{"step", i}});
-        const torch::Tensor k32 = block[0].to(torch::kFloat), v32 = block[1].to(torch::kFloat);
         for_each_pair(r, source, n, [&](int qa, int kb, Pairs pairs) {
-          const torch::Tensor qs = rows(q32, qa, c), ks = rows(k32, kb, c), vs = rows(v32, kb, c);
-          const torch::Tensor dos = rows(dout, qa, c);
-          const torch::Tensor p = torch::exp(scores(qs, ks, pairs, scale) - lse.narrow(2, qa * c, c).unsqueeze(-1));
-          const torch::Tensor dp = torch::matmul(dos, vs.transpose(-2, -1));
-          const torch::Tensor ds = p * (dp - D.narrow(2, qa * c, c).unsqueeze(-1)) * scale;
-          rows(dq, qa, c).add_(torch::matmul(ds, ks));
-          rows(gradient[0], kb, c).add_(torch::matmul(ds.transpose(-2, -1), qs));
-          rows(gradient[1], kb, c).add_(torch::matmul(p.transpose(-2, -1), dos));
+          const PairGradients g =
+              block_backward(rows(dout, qa, c), rows(q, qa, c), rows(block[0], kb, c), rows(block[1], kb, c),
+                             rows(out, qa, c), lse.narrow(2, qa * c, c), pairs, scale, fused);
+          rows(dq, qa, c).add_(g.dq);
+          rows(gradient[0], kb, c).add_(g.dk);
+          rows(gradient[1], kb, c).add_(g.dv);
         });
       }
       if (n > 1) {
@@ -191,7 +236,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
 
 }  // namespace
 
-Ring make_ring(CommPtr group, bool overlap) {
+Ring make_ring(CommPtr group, bool overlap, bool fused) {
   if (!group) throw std::invalid_argument("context parallel: no group");
   const int rank = group->rank();
   Ring ring;
@@ -199,6 +244,7 @@ Ring make_ring(CommPtr group, bool overlap) {
   ring.gradients = group->split(0, rank);
   ring.group = std::move(group);
   ring.overlap = overlap;
+  ring.fused = fused;
   return ring;
 }
 

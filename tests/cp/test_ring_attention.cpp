@@ -1,7 +1,8 @@
 // Context parallelism (include/dtrain/context_parallel.h) at 1-4 ranks: the
 // head-and-tail shards partition the sequence and balance the causal work;
 // ring attention equals the shard of full causal attention, forward and
-// backward (with the overlap on and off, in fp32 and bf16); and under a
+// backward (with the overlap on and off, fused kernels or matrix products,
+// fp32 and bf16); and under a
 // ContextParallel scope the GPT and Llama, fed their shards of every
 // sequence, give the whole sequences' loss and gradients.
 #include <dtrain/context_parallel.h>
@@ -118,6 +119,13 @@ TEST(RingAttention, EqualsTheShardOfFullCausalAttentionForwardAndBackward) {
 
 TEST(RingAttention, WithoutOverlapTheSame) {
   check_ring_against_full(cp::make_ring(world_ptr(), /*overlap=*/false), torch::kFloat, 1e-5, 4);
+}
+
+TEST(RingAttention, WithMatrixProductBlocksTheSame) {
+  // What other devices than the CPU run for now (Ring::fused).
+  const cp::Ring ring = cp::make_ring(world_ptr(), /*overlap=*/true, /*fused=*/false);
+  check_ring_against_full(ring, torch::kFloat, 1e-5, 2);
+  check_ring_against_full(ring, torch::kBFloat16, 2e-2, 4);
 }
 
 TEST(RingAttention, InBf16AsFullAttentionInBf16) {
