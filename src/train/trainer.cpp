@@ -13,6 +13,12 @@
 // every rank. A strategy must keep this contract: after backward, each rank's
 // gradients (or gradient shards) are the average over ranks of what each
 // rank's backward produced.
+// With --cp N, the N ranks of a sequence shard share a part, and S_r is the
+// sum over its samples of the mean loss over their tokens on this rank's
+// shard; the part's per-sample loss is the mean of those over cp (equal
+// shards). The engine averages over dp x cp, so the gradient is
+// (1/(W N)) * sum S_r * W / B = sum_parts (1/N) sum_cp S_r / B, the same
+// global mean; the loss reported weighs each shard's S_r by 1/N (loss_share_).
 #include "dtrain/tokenizer.h"
 #include "dtrain/train.h"
 #include "dtrain/trainer.h"
@@ -192,6 +198,18 @@ class DataParallelRun final : public train::StepSource {
   int64_t training_bytes() const { return std::max<int64_t>(0, memory::peak_bytes() - baseline_); }
 };
 
+namespace {
+
+// DataParallelRun::loss_share_, Note [global batch loss].
+double loss_share(const TrainConfig& config, const std::optional<DeviceMesh>& mesh, bool part_leader) {
+  if (config.cp == 1) return part_leader ? 1.0 : 0.0;
+  const auto coordinate = [&](const char* name) { return mesh->has(name) ? mesh->rank(name) : 0; };
+  const bool first_stage_and_slice = coordinate("pp") == 0 && coordinate("tp") == 0;
+  return first_stage_and_slice ? 1.0 / config.cp : 0.0;
+}
+
+}  // namespace
+
 DataParallelRun::DataParallelRun(const TrainConfig& config, CommPtr world)
     : config_(config),
       world_(std::move(world)),
@@ -202,10 +220,7 @@ DataParallelRun::DataParallelRun(const TrainConfig& config, CommPtr world)
       dp_size_(data_world_->size()),
       dp_rank_(data_world_->rank()),
       part_leader_(rank_ % (config.pp * config.cp * config.tp) == 0),  // dp is the outermost dimension
-      loss_share_(config.cp == 1 ? (part_leader_ ? 1.0 : 0.0)
-                  : (mesh_->has("pp") ? mesh_->rank("pp") : 0) + (mesh_->has("tp") ? mesh_->rank("tp") : 0) == 0
-                      ? 1.0 / config.cp
-                      : 0.0),
+      loss_share_(loss_share(config, mesh_, part_leader_)),
       engine_world_(config.cp > 1 ? mesh_->comm("dp_cp") : data_world_),
       printing_(config.print && rank_ == 0),
       device_(train::resolve_device(config)),
