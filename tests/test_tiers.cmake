@@ -121,6 +121,7 @@ set(DTRAIN_LONG_TESTS
   # (dp, cp) and (cp, tp), the GPT with pp, activation checkpointing without overlap).
   cp.ring_attention.mpi.np1                               cp.ring_attention.mpi.np2
   cp.ring_attention.mpi.np3                               cp.ring_attention.mpi.np4
+  cp.ring_attention.c10d.np3                              cp.ring_attention.c10d.np2
   train.cp.gpt.ddp.cp4.mpi                                train.cp.llama.fsdp.dp2_cp2.clip.mpi
   train.cp.gpt.fsdp.cp2_tp2.sequence_parallel.mpi         train.cp.llama.zero2.cp2_tp2.c10d
   train.cp.llama.ddp.cp2.overlap_off.c10d                 train.same_losses.cp.activation_checkpointing

@@ -32,6 +32,8 @@ class SequenceContext {
   // The positions in its sequence of each of the `local` tokens this rank
   // holds of every sequence: int64 [local], on `device`.
   virtual torch::Tensor positions(int64_t local, const torch::Device& device) const = 0;
+  // The whole sequence's length when this rank holds `local` of its tokens.
+  virtual int64_t whole_length(int64_t local) const = 0;
   // Causal attention of this rank's queries over the whole sequence's keys
   // and values (q, k, v: [B, h, local, head_dim], this rank's tokens).
   virtual torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) const = 0;
@@ -42,6 +44,9 @@ const SequenceContext* sequence_context();
 
 // Positions of a forward's T tokens: 0..T-1, or the installed context's.
 torch::Tensor sequence_positions(int64_t T, const torch::Device& device);
+// The length of the sequences a forward's T tokens belong to: T, or the
+// installed context's whole length (for the models' checks against their context).
+int64_t sequence_length(int64_t T);
 
 // q, k, v: [B, h, T, head_dim], heads [first_head, first_head + h) of a
 // model with `heads` heads. Returns [B, h, T, head_dim]. `dropout` in [0, 1):

@@ -61,8 +61,9 @@ Ring make_ring(CommPtr group, bool overlap = true, bool fused = true);
 // rank of the ring, each holding its shard_sequence of T = size · local
 // tokens. q, k, v: [B, h, local, head_dim] (k and v with q's heads);
 // returns [B, h, local, head_dim] in q's dtype, equal to the shard of full
-// causal attention over the T tokens. Softmax statistics and the gradient
-// sums are fp32. Differentiable (its backward is collective over the ring
+// causal attention over the T tokens. The merge's statistics and the
+// gradient sums are fp32; with bf16 inputs a fused pair's own result is
+// rounded to bf16 before the merge (up to 2 cp - 1 roundings). Differentiable (its backward is collective over the ring
 // too). Collective over ring.group.
 torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const Ring& ring);
 
@@ -80,6 +81,7 @@ class ContextParallel final : public models::SequenceContext {
   torch::Tensor shard(const torch::Tensor& x, int64_t dim) const { return shard_sequence(x, dim, size(), rank()); }
 
   torch::Tensor positions(int64_t local, const torch::Device& device) const override;
+  int64_t whole_length(int64_t local) const override { return local * size(); }
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) const override;
 
   // Installs the context for its lifetime (and restores the previous one).

@@ -17,6 +17,7 @@
 
 #include <dtrain/comm.h>
 
+#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,7 +41,8 @@ class DeviceMesh {
   const CommPtr& comm(const std::string& name) const;
   int size(const std::string& name) const;
   int rank(const std::string& name) const;  // this rank's coordinate along `name`
-  bool has(const std::string& name) const;
+  bool has(const std::string& name) const;        // a dimension
+  bool has_comm(const std::string& name) const;   // a dimension or a flattened group
 
   // Collective: one communicator over several dimensions at once, e.g.
   // {"dp", "cp"} (FSDP shards over dp x cp under context parallelism): the
@@ -63,7 +65,7 @@ class DeviceMesh {
   std::vector<std::pair<std::string, int>> dims_;
   std::vector<int> coordinates_;  // this rank's
   std::vector<CommPtr> comms_;    // one per dimension
-  std::vector<std::pair<std::string, CommPtr>> flattened_;
+  std::deque<std::pair<std::string, CommPtr>> flattened_;  // a deque: comm()'s references stay valid
 };
 
 }  // namespace dtrain

@@ -95,6 +95,9 @@ HeldModel place_on_mesh(HeldModel held, const torch::nn::Module& root, const Dev
   for (const auto& dim : mesh.dims()) known = known && (dim.first == "dp" || dim.first == "pp" || dim.first == "cp" || dim.first == "tp");
   if (!known)
     throw std::invalid_argument("held_on_mesh: the mesh " + mesh.describe() + " is not (dp[, pp][, cp][, tp])");
+  if (mesh.has("cp") && !mesh.has_comm("dp_cp"))
+    throw std::invalid_argument("held_on_mesh: a mesh with cp needs its dp x cp group: call mesh.flatten({\"dp\", "
+                                "\"cp\"}, \"dp_cp\") on every rank first (the cp ranks hold copies)");
   if (mesh.has("pp") && whole == nullptr)
     throw std::invalid_argument("held_on_mesh: a mesh with pp needs the whole model (for the other stages' names)");
   over_the_world(held, mesh);

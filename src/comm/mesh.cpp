@@ -103,6 +103,12 @@ bool DeviceMesh::has(const std::string& name) const {
   return false;
 }
 
+bool DeviceMesh::has_comm(const std::string& name) const {
+  for (const auto& flattened : flattened_)
+    if (flattened.first == name) return true;
+  return has(name);
+}
+
 int DeviceMesh::world_rank(const std::vector<int>& coordinates) const {
   if (coordinates.size() != dims_.size())
     throw std::invalid_argument("DeviceMesh::world_rank: " + std::to_string(coordinates.size()) +

@@ -39,6 +39,7 @@ std::vector<WorkPtr> pass_on(const CommPtr& channel, const torch::Tensor& out, c
 }
 
 void wait_all(std::vector<WorkPtr>& works) {
+  if (works.empty()) return;
   trace::Span waiting("cp_ring_wait", trace::category::wait);
   for (auto& work : works) work->wait();
   works.clear();
@@ -172,6 +173,8 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     }
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<RingHolder>(ring));
+    // In fp32 this is the saved `out` itself: an in-place change of the
+    // attention's output would fail backward's version check, not corrupt it.
     return out.to(q.scalar_type());
   }
 

@@ -1,5 +1,7 @@
 #include "fsdp/activation_checkpoint.h"
 
+#include "dtrain/attention.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -105,7 +107,19 @@ torch::Tensor checkpointed_forward(const UnitForward& forward, const torch::Tens
     auto& pending = CheckpointFunction::pending();
     if (std::all_of(pending.begin(), pending.end(), [](const auto& f) { return !f; })) pending.clear();
   }
-  return CheckpointFunction::apply(input, std::make_shared<UnitForward>(forward));
+  // The recompute runs in the forward's sequence context (Note [sequence
+  // context]), whatever is installed when backward runs: positions and
+  // attention of sequence shards are the forward's.
+  const models::SequenceContext* context = models::sequence_context();
+  const UnitForward in_context = [forward, context](const torch::Tensor& x) {
+    struct Installed {
+      const models::SequenceContext* previous = models::sequence_context();
+      explicit Installed(const models::SequenceContext* c) { models::set_sequence_context(c); }
+      ~Installed() { models::set_sequence_context(previous); }
+    } installed(context);
+    return forward(x);
+  };
+  return CheckpointFunction::apply(input, std::make_shared<UnitForward>(in_context));
 }
 
 }  // namespace dtrain::detail

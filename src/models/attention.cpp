@@ -30,6 +30,11 @@ torch::Tensor sequence_positions(int64_t T, const torch::Device& device) {
   return torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(device));
 }
 
+int64_t sequence_length(int64_t T) {
+  const SequenceContext* context = sequence_context();
+  return context ? context->whole_length(T) : T;
+}
+
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double dropout,
                                int64_t heads, int64_t first_head) {
   if (const SequenceContext* context = sequence_context()) {

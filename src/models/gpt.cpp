@@ -81,7 +81,7 @@ torch::Tensor GPTImpl::forward(torch::Tensor tokens) {
   TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong,
               "GPT: expected int64 tokens of shape [B,T], got ", tokens.scalar_type(), " ", tokens.sizes());
   const int64_t T = tokens.size(1);
-  TORCH_CHECK(T <= config_.seq_len, "GPT: sequence of ", T, " tokens is longer than seq_len ", config_.seq_len);
+  TORCH_CHECK(sequence_length(T) <= config_.seq_len, "GPT: sequence of ", sequence_length(T), " tokens is longer than seq_len ", config_.seq_len);
 
   auto positions = sequence_positions(T, tokens.device());  // Note [sequence context]
   auto x = wte_->forward(tokens) + wpe_->forward(positions);  // [B,T,C] + [T,C]

@@ -20,7 +20,7 @@ torch::Tensor stage_positions(const torch::Tensor& tokens, const GPTConfig& conf
   TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong, what,
               ": the first stage expects int64 tokens of shape [B,T], got ", tokens.scalar_type(), " ", tokens.sizes());
   const int64_t T = tokens.size(1);
-  TORCH_CHECK(T <= config.seq_len, what, ": sequence of ", T, " tokens is longer than seq_len ", config.seq_len);
+  TORCH_CHECK(sequence_length(T) <= config.seq_len, what, ": sequence of ", sequence_length(T), " tokens is longer than seq_len ", config.seq_len);
   return sequence_positions(T, tokens.device());  // Note [sequence context]
 }
 

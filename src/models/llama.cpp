@@ -95,7 +95,7 @@ torch::Tensor LlamaImpl::forward(torch::Tensor input) {
     check_materialized(embed_tokens_->weight, "Llama");
     TORCH_CHECK(input.dim() == 2 && input.scalar_type() == torch::kLong,
                 "Llama: expected int64 tokens of shape [B,T], got ", input.scalar_type(), " ", input.sizes());
-    TORCH_CHECK(input.size(1) <= config_.seq_len, "Llama: sequence of ", input.size(1),
+    TORCH_CHECK(sequence_length(input.size(1)) <= config_.seq_len, "Llama: sequence of ", sequence_length(input.size(1)),
                 " tokens is longer than its context of ", config_.seq_len);
     const auto embed = [this](const torch::Tensor& tokens) { return embed_tokens_->forward(tokens); };
     x = dtrain::detail::run_unit(embed_tokens_.get(), embed, input);

@@ -119,7 +119,7 @@ torch::Tensor TPGPTImpl::forward(torch::Tensor tokens) {
   TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong,
               "TPGPT: expected int64 tokens of shape [B,T], got ", tokens.scalar_type(), " ", tokens.sizes());
   const int64_t T = tokens.size(1);
-  TORCH_CHECK(T <= config_.seq_len, "TPGPT: sequence of ", T, " tokens is longer than seq_len ", config_.seq_len);
+  TORCH_CHECK(models::sequence_length(T) <= config_.seq_len, "TPGPT: sequence of ", models::sequence_length(T), " tokens is longer than seq_len ", config_.seq_len);
   // The blocks keep the layout until the next forward: a recomputation in
   // backward (activation checkpointing) must see the same one.
   const bool sequence_parallel = sequence_parallel_ && group_->size() > 1 && T % group_->size() == 0;

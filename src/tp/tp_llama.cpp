@@ -206,7 +206,7 @@ torch::Tensor TPLlamaImpl::forward(torch::Tensor input) {
     TORCH_CHECK(input.dim() == 2 && input.scalar_type() == torch::kLong,
                 "TPLlama: expected int64 tokens of shape [B,T], got ", input.scalar_type(), " ", input.sizes());
     const int64_t T = input.size(1);
-    TORCH_CHECK(T <= config_.seq_len, "TPLlama: sequence of ", T, " tokens is longer than its context of ",
+    TORCH_CHECK(models::sequence_length(T) <= config_.seq_len, "TPLlama: sequence of ", models::sequence_length(T), " tokens is longer than its context of ",
                 config_.seq_len);
     sequence_parallel = sequence_parallel_ && group_->size() > 1 && T % group_->size() == 0;
     const auto embed = [this, sequence_parallel](const torch::Tensor& tokens) {
