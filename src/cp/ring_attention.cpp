@@ -64,6 +64,17 @@ torch::Tensor scores(const torch::Tensor& q, const torch::Tensor& k, Pairs pairs
   return s;
 }
 
+// Before ring step i: the block the next step computes with, on its way from
+// the rank before while `block` goes on to the next (none after the last
+// step). Without the overlap, it has arrived when this returns.
+torch::Tensor start_next_block(const Ring& ring, int i, const torch::Tensor& block, std::vector<WorkPtr>& transfers) {
+  if (i + 1 >= ring.group->size()) return {};
+  torch::Tensor next = torch::empty_like(block);
+  transfers = pass_on(ring.blocks, block, next);
+  if (!ring.overlap) wait_all(transfers);
+  return next;
+}
+
 // A chunk's local rows [which * c, (which + 1) * c) along the sequence dimension (2).
 torch::Tensor rows(const torch::Tensor& x, int which, int64_t c) { return x.narrow(2, which * c, c); }
 
@@ -147,12 +158,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     std::vector<WorkPtr> transfers;
     for (int i = 0; i < n; ++i) {
       const int source = (r - i + n) % n;
-      torch::Tensor next;
-      if (i + 1 < n) {
-        next = torch::empty_like(block);
-        transfers = pass_on(ring.blocks, block, next);
-        if (!ring.overlap) wait_all(transfers);
-      }
+      const torch::Tensor next = start_next_block(ring, i, block, transfers);
       {
         trace::Span computing("cp_attention", trace::category::compute, {{"step", i}});
         for_each_pair(r, source, n, [&](int qa, int kb, Pairs pairs) {
@@ -194,12 +200,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     std::vector<WorkPtr> transfers, gradient_transfers;
     for (int i = 0; i < n; ++i) {
       const int source = (r - i + n) % n;
-      torch::Tensor next;
-      if (i + 1 < n) {
-        next = torch::empty_like(block);
-        transfers = pass_on(ring.blocks, block, next);
-        if (!ring.overlap) wait_all(transfers);
-      }
+      const torch::Tensor next = start_next_block(ring, i, block, transfers);
       // This rank's part of the block's gradient (keys, values), fp32.
       torch::Tensor gradient = torch::zeros({2, k.size(0), k.size(1), k.size(2), k.size(3)}, fp32);
       {
