@@ -137,6 +137,22 @@ void for_each_pair(int r, int source, int n, Body&& body) {
   }
 }
 
+// What forward and backward both derive from the ring and the queries: the
+// ring's size and this rank's place, the chunk length, softmax's scale, and
+// whether the pairs run the fused kernel.
+struct Geometry {
+  Geometry(const Ring& ring, const torch::Tensor& q)
+      : n(ring.group->size()),
+        r(ring.group->rank()),
+        c(q.size(2) / 2),
+        scale(1.0 / std::sqrt(static_cast<double>(q.size(-1)))),
+        fused(use_fused(ring, q)) {}
+  int n, r;
+  int64_t c;
+  double scale;
+  bool fused;
+};
+
 // Keeps the ring's communicators alive with the graph until backward has run.
 struct RingHolder : torch::CustomClassHolder {
   explicit RingHolder(Ring r) : ring(std::move(r)) {}
@@ -146,10 +162,9 @@ struct RingHolder : torch::CustomClassHolder {
 struct RingAttention : torch::autograd::Function<RingAttention> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, const Ring& ring) {
-    const int n = ring.group->size(), r = ring.group->rank();
-    const int64_t c = q.size(2) / 2;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-    const bool fused = use_fused(ring, q);
+    const Geometry g(ring, q);
+    const int n = g.n, r = g.r;
+    const int64_t c = g.c;
     const auto fp32 = q.options().dtype(torch::kFloat);
     // The running result, normalised over the keys seen so far, and their log-sum-exp.
     torch::Tensor out = torch::zeros(q.sizes(), fp32);
@@ -163,7 +178,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         trace::Span computing("cp_attention", trace::category::compute, {{"step", i}});
         for_each_pair(r, source, n, [&](int qa, int kb, Pairs pairs) {
           const Partial part = block_forward(rows(q, qa, c), rows(block[0], kb, c), rows(block[1], kb, c), pairs,
-                                             scale, fused);
+                                             g.scale, g.fused);
           // Online softmax: rescale what is there and what comes to the new total.
           torch::Tensor out_rows = rows(out, qa, c), lse_rows = lse.narrow(2, qa * c, c);
           const torch::Tensor total = torch::logaddexp(lse_rows, part.lse);
@@ -188,10 +203,9 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const Ring ring = c10::static_intrusive_pointer_cast<RingHolder>(ctx->saved_data["group"].toCapsule())->ring;
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
-    const int n = ring.group->size(), r = ring.group->rank();
-    const int64_t c = q.size(2) / 2;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-    const bool fused = use_fused(ring, q);
+    const Geometry g(ring, q);
+    const int n = g.n, r = g.r;
+    const int64_t c = g.c;
     const auto fp32 = q.options().dtype(torch::kFloat);
     const torch::Tensor dout = grads[0].to(torch::kFloat);
     torch::Tensor dq = torch::zeros(q.sizes(), fp32);
@@ -206,12 +220,12 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       {
         trace::Span computing("cp_attention_backward", trace::category::compute, {{"step", i}});
         for_each_pair(r, source, n, [&](int qa, int kb, Pairs pairs) {
-          const PairGradients g =
+          const PairGradients pair =
               block_backward(rows(dout, qa, c), rows(q, qa, c), rows(block[0], kb, c), rows(block[1], kb, c),
-                             rows(out, qa, c), lse.narrow(2, qa * c, c), pairs, scale, fused);
-          rows(dq, qa, c).add_(g.dq);
-          rows(gradient[0], kb, c).add_(g.dk);
-          rows(gradient[1], kb, c).add_(g.dv);
+                             rows(out, qa, c), lse.narrow(2, qa * c, c), pairs, g.scale, g.fused);
+          rows(dq, qa, c).add_(pair.dq);
+          rows(gradient[0], kb, c).add_(pair.dk);
+          rows(gradient[1], kb, c).add_(pair.dv);
         });
       }
       if (n > 1) {
@@ -235,7 +249,6 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     return {dq.to(q.scalar_type()), received[0].to(k.scalar_type()), received[1].to(v.scalar_type()),
             torch::Tensor()};
   }
-
 };
 
 }  // namespace
