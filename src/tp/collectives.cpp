@@ -141,7 +141,13 @@ torch::Tensor split_last_dim(const torch::Tensor& x, const CommPtr& group) {
 }
 
 torch::Tensor gather_sequence(const torch::Tensor& x, const CommPtr& group) {
-  return group->size() == 1 ? x : GatherDim::apply(x, int64_t{1}, true, group);
+  if (group->size() == 1) return x;
+  // The gather lays the sequence out outermost; the [B, T, C] view of it is
+  // strided. Made contiguous once here: each matrix product over a strided
+  // input copies it and keeps its copy for backward, and TPLlama's q, k and
+  // v projections (and gate and up) share one input, which would then be
+  // kept three times (twice).
+  return GatherDim::apply(x, int64_t{1}, true, group).contiguous();
 }
 
 torch::Tensor reduce_scatter_sequence(const torch::Tensor& x, const CommPtr& group) {
