@@ -29,6 +29,10 @@
 #include <string>
 #include <vector>
 
+namespace dtrain::models {
+struct LlamaConfig;  // dtrain/llama.h
+}  // namespace dtrain::models
+
 namespace dtrain::plan {
 
 // ------------------------------------------------------------ the model
@@ -110,6 +114,12 @@ struct ModelSpec {
     int stage = 0, stages = 1;
     int microbatches = 1;
     int64_t message_bytes = 0;
+    // units[1] is the tied embedding's copy that the first and the last
+    // stage each hold as a unit of its own (GPT's wte, a tied Llama's
+    // embed_tokens): its backward is the embedding's or the head's, and
+    // pp::sum_tied_gradients sums its gradients over the two. Otherwise the
+    // embedding and the head are the root's.
+    bool tied_unit = false;
     bool first() const { return stage == 0; }
     bool last() const { return stage == stages - 1; }
   } pipeline;
@@ -144,6 +154,24 @@ ModelSpec describe_tp_gpt(const models::GPTConfig& config, int64_t batch_per_ran
 // or the batch does not split into the microbatches.
 ModelSpec describe_gpt_stage(const models::GPTConfig& config, int64_t batch_per_rank, int microbatches,
                              torch::ScalarType compute_dtype, int stage, int stages, int tp = 1);
+// Llama as dtrain::models::Llama builds it (tp = 1), or one rank's slice of
+// models::TPLlama on a tensor-parallel group of `tp` ranks, optionally with
+// sequence parallelism: the root holds embed_tokens, norm and the untied
+// lm_head, and each of "layers.<i>" is a unit. Activations for
+// batch_per_rank windows of config.seq_len tokens in compute_dtype (Note
+// [llama activations], src/plan/describe_llama.cpp); the tp group's
+// collectives per step. Plan it at world_size = the data-parallel size.
+// Throws std::invalid_argument for a configuration Llama refuses, dropout,
+// or a tp that does not divide the heads, the vocabulary or the MLP.
+ModelSpec describe_llama(const models::LlamaConfig& config, int64_t batch_per_rank, torch::ScalarType compute_dtype,
+                         int tp = 1, bool sequence_parallel = false);
+// Stage `stage` of `stages` of Llama as `dtrain train --pp` runs it
+// (models::Llama or models::TPLlama with a LlamaPart), as
+// describe_gpt_stage describes the GPT's: the root holds embed_tokens on the
+// first stage and norm and lm_head on the last, or with a tied head
+// embed_tokens is a unit of its own on both ends.
+ModelSpec describe_llama_stage(const models::LlamaConfig& config, int64_t batch_per_rank, int microbatches,
+                               torch::ScalarType compute_dtype, int stage, int stages, int tp = 1);
 // MLP and CNN as dtrain::models builds them. Their root module is not a
 // torch::nn::Sequential and holds no Sharded<> children, so under the default
 // wrap policy the whole model is one unit: the root.

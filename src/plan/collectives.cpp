@@ -74,10 +74,9 @@ void add_pipeline(const ModelSpec& model, const Layout& layout, Plan& plan) {
     if (!stage.last()) add(plan, "send", "activations, pipeline", 2, stage.message_bytes);
     if (!stage.first()) add(plan, "send", "activation gradients, pipeline", 2, stage.message_bytes);
   }
-  for (size_t u = 0; u < model.units.size(); ++u) {
-    if (model.units[u].name != "wte") continue;
-    const auto flat = flat_layout(model.units[u], layout);
-    add(plan, "all_reduce", "tied wte gradient, end stages", 2, (layout.ddp ? flat.numel : flat.shard) * 4);
+  if (stage.tied_unit) {
+    const auto flat = flat_layout(model.units[1], layout);
+    add(plan, "all_reduce", "tied embedding gradient, end stages", 2, (layout.ddp ? flat.numel : flat.shard) * 4);
   }
   add(plan, "all_reduce", "loss, pipeline", stage.stages, 8);
 }

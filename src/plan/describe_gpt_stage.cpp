@@ -41,7 +41,7 @@ ModelSpec describe_gpt_stage(const models::GPTConfig& config, int64_t batch_per_
   model.tensor_parallel = tp;
   model.input_bytes = whole.input_bytes * microbatches;  // every stage loads the part's tokens and targets
   // Sent in the compute dtype (Note [stage dtype] in dtrain/pipeline.h).
-  model.pipeline = {stage, stages, microbatches, micro * config.seq_len * config.n_embd * e};
+  model.pipeline = {stage, stages, microbatches, micro * config.seq_len * config.n_embd * e, first || last};
 
   UnitSpec root;  // the stage module: wpe on the first stage, ln_f on the last
   for (const auto& p : whole_root.parameters) {

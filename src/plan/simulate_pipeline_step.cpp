@@ -134,8 +134,13 @@ class PipelineReplay {
            !(layout_.group_size == 1 && layout_.compute_bytes == layout_.master_bytes);
   }
   int64_t full_bytes(size_t u) const { return flats_[u].padded * layout_.compute_bytes; }
-  // The end stages' wte unit (after the root).
-  static constexpr size_t wte_unit() { return 1; }
+  // The tied embedding's unit on the end stages (ModelSpec::PipelineStage::tied_unit).
+  bool tied(size_t u) const { return stage_.tied_unit && u == 1; }
+  // The units the embedding's and the head's backward give gradients: the
+  // root, and the tied embedding's unit where there is one.
+  size_t embedding_units() const { return stage_.tied_unit ? 2 : 1; }
+  // The head's unit: the tied embedding's, or the root (gathered for the step).
+  size_t head_unit() const { return stage_.tied_unit ? 1 : 0; }
   int64_t gradient_element_bytes() const { return layout_.ddp ? 4 : layout_.compute_bytes; }
   int64_t gradient_bytes(size_t u) const { return flats_[u].numel * gradient_element_bytes(); }
   std::string of(int m) const { return " of microbatch " + std::to_string(m); }
@@ -181,7 +186,7 @@ class PipelineReplay {
   void forward(int m) {
     if (!stage_.first()) t_.add(kActivations, stage_.message_bytes);  // the activation received
     for (size_t u = 0; u < model_.units.size(); ++u) {
-      if (stage_.last() && model_.units[u].name == "wte") continue;  // the head, below
+      if (stage_.last() && tied(u)) continue;  // the head, below
       enter(u);
       t_.add(kActivations, model_.units[u].activation_bytes);
       t_.mark("forward" + of(m) + ": " + display(model_.units[u]));
@@ -190,10 +195,10 @@ class PipelineReplay {
     if (stage_.last()) {
       // ln_f's output, the log-probabilities kept for the loss's backward,
       // and for a moment the logits they came from.
-      enter(wte_unit());
+      enter(head_unit());
       t_.add(kActivations, model_.root_tail_activation_bytes + model_.loss_bytes);
       t_.mark_with(kActivations, model_.output_bytes, "forward" + of(m) + ": the logits and the loss");
-      leave_forward(wte_unit());
+      leave_forward(head_unit());
     }
   }
 
@@ -220,21 +225,21 @@ class PipelineReplay {
       // The loss's backward: the gradients of the log-probabilities and of
       // the logits together.
       t_.mark_with(kActivations, 2 * model_.output_bytes, "backward" + of(m) + ": the loss's gradients");
-      enter(wte_unit());
+      enter(head_unit());
       t_.remove(kActivations, model_.root_tail_activation_bytes + model_.loss_bytes);
-      // The head's and ln_f's gradients (wte's unit and the root's).
+      // The head's and the final norm's gradients (the tied unit's and the root's).
       if (first_backward) {
-        for (size_t u = 0; u < 2; ++u) gradients_of(u, gradient_bytes(u), true, last_backward);
+        for (size_t u = 0; u < embedding_units(); ++u) gradients_of(u, gradient_bytes(u), true, last_backward);
       } else {
         t_.mark_with(kGradients, model_.root_tail_gradient_bytes, "backward" + of(m) + ": the head's gradients");
         if (last_backward)
-          for (size_t u = 0; u < 2; ++u) gradients_of(u, gradient_bytes(u), false, true);
+          for (size_t u = 0; u < embedding_units(); ++u) gradients_of(u, gradient_bytes(u), false, true);
       }
-      leave_backward(wte_unit());
+      leave_backward(head_unit());
     }
     for (size_t u = model_.units.size() - 1; u >= 1; --u) {
       const auto& unit = model_.units[u];
-      if (unit.name == "wte") continue;  // its backward is the embedding's (first stage) or the head's (above)
+      if (tied(u)) continue;  // its backward is the embedding's (first stage) or the head's (above)
       // After the first backward a weight's new gradient exists for a moment
       // before it is added into .grad.
       enter(u);
@@ -249,14 +254,14 @@ class PipelineReplay {
       leave_backward(u);
     }
     if (stage_.first()) {
-      // The embeddings' backward: wte's and wpe's gradients (new ones after
+      // The embeddings' backward: their gradients (GPT: wte's and wpe's; new ones after
       // the first microbatch, added into the others).
       const auto& root = model_.units[0];
-      enter(wte_unit());
+      enter(head_unit());
       t_.mark_with(kActivations, root.backward_end_workspace_bytes, "backward" + of(m) + ": the embeddings");
       t_.remove(kActivations, root.activation_bytes);
-      for (size_t u = 0; u < 2; ++u) gradients_of(u, gradient_bytes(u), first_backward, last_backward);
-      leave_backward(wte_unit());
+      for (size_t u = 0; u < embedding_units(); ++u) gradients_of(u, gradient_bytes(u), first_backward, last_backward);
+      leave_backward(head_unit());
     } else {
       // The input's gradient, sent back; the activation received is freed.
       t_.mark_with(kActivations, stage_.message_bytes, "backward" + of(m) + ": the input's gradient");
