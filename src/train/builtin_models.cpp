@@ -213,6 +213,13 @@ ModelSpec llama() {
   };
   spec.tensor_parallel = llama_tensor_parallel;
   spec.pipeline_stage = llama_stage;
+  spec.plan_description = [](const TrainConfig& c, int64_t batch_per_rank, torch::ScalarType compute) {
+    return plan::describe_llama(llama_config(c), batch_per_rank, compute, c.tp, c.sequence_parallel);
+  };
+  spec.plan_stage_description = [](const TrainConfig& c, int64_t batch_per_rank, int microbatches,
+                                   torch::ScalarType compute, int stage) {
+    return plan::describe_llama_stage(llama_config(c), batch_per_rank, microbatches, compute, stage, c.pp, c.tp);
+  };
   return spec;
 }
 
