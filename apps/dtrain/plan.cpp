@@ -82,6 +82,9 @@ void check_pipeline_flags(const PlanFlags& f, const ModelSpec& spec) {
                                 "stages, which --model " + f.model + "'s spec does not have");
   if (f.sequence_parallel)
     throw std::invalid_argument(pp + " with --sequence-parallel is not available yet (the stages send whole sequences)");
+  if (f.probe)
+    throw std::invalid_argument("--probe measures a whole model or a tensor-parallel slice of it, not a pipeline stage: "
+                                "leave out --probe or " + pp);
 }
 
 // What dtrain train would run: the flags the plan shares with it.
@@ -219,7 +222,7 @@ Resolved resolve(const PlanFlags& f) {
     return r;
   }
   // The model's spec describes it, or the model is measured (train::plan_model).
-  train::PlannedModel planned = train::plan_model(config, per_rank, compute, /*probe=*/true, dp);
+  train::PlannedModel planned = train::plan_model(config, per_rank, compute, /*probe=*/true, dp, f.probe);
   r.model = std::move(planned.model);
   r.activations = std::move(planned.activations);
   return r;
@@ -277,7 +280,7 @@ void print(const Resolved& r, const plan::Plan& p) {
   if (!r.activations.empty()) std::printf("  activations %s\n", r.activations.c_str());
   std::printf("  %.2fM parameters in %zu unit(s)%s\n", model.parameter_count() / 1e6, model.units.size(),
               model.units.size() == 1 ? " (the whole model is the root unit)"
-              : r.pp > 1              ? " (the stage's root, wte on the end stages, one per block)"
+              : r.pp > 1              ? " (the stage's root, one per block, and a tied embedding's own on the end stages)"
                                       : " (the root and one per block)");
   const bool ddp = p.strategy == "ddp";
   std::printf("  strategy %s, %d rank(s)", p.strategy.c_str(), r.nproc);
@@ -471,6 +474,9 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
   cmd->add_option("--pp-gather", f.pp_gather, "With --pp and a sharded strategy: step | microbatch (as dtrain train)")
       ->check(CLI::IsMember({"step", "microbatch"}))->capture_default_str();
   cmd->add_flag("--json", f.json, "Print the plan as JSON");
+  cmd->add_flag("--probe", f.probe,
+                "Measure the activations with one forward and backward of the model at two small batches, even "
+                "where its spec describes them (a check of the description; fp32, without --pp)");
   return cmd;
 }
 

@@ -50,6 +50,7 @@ struct PlanFlags {
   std::string schedule = "1f1b";  // 1f1b | gpipe
   std::string pp_gather = "step";  // step | microbatch (sharded strategies)
   bool json = false;
+  bool probe = false;  // measure the activations even where the model's spec describes them
 };
 
 CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& flags);

@@ -164,7 +164,7 @@ plan::ModelSpec probe_model(const TrainConfig& config, int64_t batch_per_rank, i
   }
   activations = "measured: one forward and backward at " + std::to_string(small.batch) + " and " +
                 std::to_string(large.batch) + " samples, scaled to " + std::to_string(batch_per_rank) +
-                " (the model's spec has no plan_description)";
+                (model_spec(config).plan_description ? " (--probe)" : " (the model's spec has no plan_description)");
   return described;
 }
 
@@ -176,19 +176,20 @@ std::string describe_model_for_plan(const TrainConfig& config) {
 }
 
 PlannedModel plan_model(const TrainConfig& config, int64_t batch_per_rank, torch::ScalarType compute, bool probe,
-                        int data_parallel_ranks) {
+                        int data_parallel_ranks, bool probe_always) {
   const ModelSpec& spec = model_spec(config);
   PlannedModel planned;
-  if (spec.plan_description) {
+  if (spec.plan_description && !(probe && probe_always)) {
     planned.model = spec.plan_description(config, batch_per_rank, compute);
     planned.activations = "described by the model's spec";
     return planned;
   }
   if (!probe)
     throw std::invalid_argument("--model " + spec.name + " has no ModelSpec::plan_description: `dtrain plan` measures it");
+  const std::string why = spec.plan_description ? "--probe measures it" : "it has no ModelSpec::plan_description";
   if (compute != torch::kFloat32)
-    throw std::invalid_argument("plan: --model " + spec.name + " has no ModelSpec::plan_description, and its probe "
-                                "measures fp32 compute only: plan it without --mixed-precision");
+    throw std::invalid_argument("plan: --model " + spec.name + " is probed (" + why +
+                                "), and the probe measures fp32 compute only: plan it without --mixed-precision");
   if (config.pp > 1)
     throw std::invalid_argument("plan: --model " + spec.name + " is planned by a probe, which measures a whole model "
                                 "or a tensor-parallel slice of it: not with --pp (that needs "

@@ -33,8 +33,10 @@ struct PlannedModel {
 std::string describe_model_for_plan(const TrainConfig& config);
 
 // `data_parallel_ranks`: the ranks the strategy runs over (layers that
-// compute otherwise on several ranks are probed that way).
+// compute otherwise on several ranks are probed that way). `probe_always`:
+// measure even a model its spec describes (`dtrain plan --probe`, a check
+// of the description).
 PlannedModel plan_model(const TrainConfig& config, int64_t batch_per_rank, torch::ScalarType compute, bool probe,
-                        int data_parallel_ranks = 1);
+                        int data_parallel_ranks = 1, bool probe_always = false);
 
 }  // namespace dtrain::train
