@@ -127,6 +127,8 @@ set(DTRAIN_LONG_TESTS
   train.cp.llama.ddp.cp2.overlap_off.c10d                 train.same_losses.cp.activation_checkpointing
   train.same_losses.bf16.cp                               train.same_losses.bf16.pp.fsdp
   train.cp.llama.fsdp.pp2_cp2_tp2.mpi                     train.cp.gpt.fsdp.pp2_cp2.1f1b.mpi
+  # The plan's Llama on one rank: plan.llama.mpi.np2 runs the same test on two.
+  plan.llama.np1                                          plan.llama.mpi.np2
   models.hugging_face.meshes                              models.hugging_face
   custom_model.sigterm_resume.zero2.np2                   custom_model.restart.fsdp.np2
   train.ps.sync_clip_equals_ddp                           train.ps.async_clip_equals_single

@@ -1,0 +1,311 @@
+// dtrain plan for Llama (issue 39, item 6): describe_llama and
+// describe_llama_stage against the tracking allocator on the same runs, as
+// test_plan.cpp checks the GPT's. Whole models under every engine, fp32
+// and bf16, with grouped-query attention and a tied head; tensor-parallel
+// slices on every (dp, tp) mesh of the world, kv heads split and whole, with
+// and without sequence parallelism; pipeline stages on every (dp, pp, tp)
+// mesh, both schedules. Each run's units are the ones FSDP builds, and its
+// measured step peak is within 5% of the plan's.
+#include <dtrain/ddp.h>
+#include <dtrain/deferred_init.h>
+#include <dtrain/fsdp.h>
+#include <dtrain/llama.h>
+#include <dtrain/memory.h>
+#include <dtrain/mesh.h>
+#include <dtrain/pipeline.h>
+#include <dtrain/plan.h>
+#include <dtrain/tp_llama.h>
+
+#include "../common/multirank_gtest.h"
+
+#include <gtest/gtest.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using dtrain::testing::world;
+using dtrain::testing::world_ptr;
+namespace plan = dtrain::plan;
+namespace pp = dtrain::pp;
+
+// 8 query heads over 2 kv heads: tp 2 splits the kv heads, tp 4 holds them
+// whole (Note [replicated key/value heads]). The MLP's default width 384
+// splits over 4.
+dtrain::models::LlamaConfig measured_llama(bool tied) {
+  dtrain::models::LlamaConfig config;
+  config.n_layer = 4;
+  config.dim = 128;
+  config.n_head = 8;
+  config.n_kv_head = 2;
+  config.seq_len = 32;
+  config.tie_embeddings = tied;
+  return config;
+}
+
+// One engine over `module` on `group`, called as dtrain train calls it.
+struct Engine {
+  std::unique_ptr<dtrain::DistributedDataParallelBase> ddp;
+  std::unique_ptr<dtrain::FullyShardedBase> fsdp;
+  std::vector<torch::Tensor> parameters;
+
+  Engine(const std::shared_ptr<torch::nn::Module>& module, dtrain::CommPtr group, const std::string& strategy,
+         const dtrain::FSDPOptions& options) {
+    if (strategy == "ddp") {
+      ddp = std::make_unique<dtrain::DistributedDataParallelBase>(module, group, dtrain::DDPOptions{});
+      parameters = ddp->parameters();
+    } else {
+      fsdp = std::make_unique<dtrain::FullyShardedBase>(module, group, options);
+      parameters = fsdp->parameters();
+    }
+  }
+  torch::Tensor forward(const std::function<torch::Tensor(const torch::Tensor&)>& module_forward,
+                        const torch::Tensor& x) {
+    if (ddp) {
+      ddp->before_forward();
+      return module_forward(x);
+    }
+    return fsdp->forward_root([&] { return module_forward(fsdp->compute_input(x)); });
+  }
+};
+
+void expect_units(const Engine& engine, const plan::ModelSpec& spec, const std::string& where) {
+  if (!engine.fsdp || world().rank() != 0) return;
+  const auto units = engine.fsdp->units();
+  ASSERT_EQ(units.size(), spec.units.size()) << where;
+  for (size_t u = 0; u < units.size(); ++u) {
+    EXPECT_EQ(units[u].name, spec.units[u].name) << where;
+    EXPECT_EQ(units[u].numel, spec.units[u].numel()) << where << " unit '" << units[u].name << "'";
+    std::vector<std::string> names;
+    for (const auto& p : spec.units[u].parameters) names.push_back(p.name);
+    EXPECT_EQ(names, units[u].parameters) << where << " unit '" << units[u].name << "'";
+  }
+}
+
+void expect_close(int64_t measured, const plan::Plan& planned, const std::string& where) {
+  const double ratio = static_cast<double>(measured) / static_cast<double>(planned.peak.total());
+  std::printf("  rank %d, %s: measured %lld bytes, planned %lld (%.4f) at %s\n", world().rank(), where.c_str(),
+              static_cast<long long>(measured), static_cast<long long>(planned.peak.total()), ratio,
+              planned.peak_moment.c_str());
+  EXPECT_NEAR(ratio, 1.0, 0.05) << where << ": measured " << measured << " bytes, planned " << planned.peak.total()
+                                << " at " << planned.peak_moment;
+}
+
+struct PlannedRun {
+  std::string strategy;
+  bool bf16 = false;
+  bool checkpointing = false;
+  std::string name() const {
+    return strategy + (bf16 ? " bf16" : "") + (checkpointing ? " with activation checkpointing" : "");
+  }
+};
+
+plan::PlanOptions options_of(const PlannedRun& run, int world_size, int rank) {
+  plan::PlanOptions options;
+  plan::set_strategy(options, run.strategy);
+  options.world_size = world_size;
+  options.rank = rank;
+  options.fsdp.activation_checkpointing = run.checkpointing;
+  if (run.bf16) options.fsdp.mixed_precision.param_dtype = torch::kBFloat16;
+  return options;
+}
+
+// The step's peak over steps 2 and 3 (the first allocates the optimizer's state).
+int64_t measured_step_peak(int64_t before, torch::optim::Optimizer& optimizer, const std::function<void()>& step) {
+  int64_t measured = 0;
+  for (int s = 0; s < 3; ++s) {
+    dtrain::memory::reset_peak();
+    {
+      optimizer.zero_grad();
+      step();
+      optimizer.step();
+    }
+    if (s > 0) measured = std::max(measured, dtrain::memory::peak_bytes() - before);
+  }
+  return measured;
+}
+
+// The whole model on the world's ranks, at 2 and 8 windows per rank.
+TEST(MeasuredLlama, WholeModelPeakMatchesThePlan) {
+  dtrain::memory::install_tracking_allocator();
+  const std::vector<PlannedRun> runs{{"ddp"}, {"zero2"}, {"fsdp"}, {"fsdp", true}, {"fsdp", false, true}};
+  for (const bool tied : {false, true}) {
+    const auto config = measured_llama(tied);
+    for (const int64_t batch : {int64_t{2}, int64_t{8}}) {
+      for (const auto& run : runs) {
+        const auto compute = run.bf16 ? torch::kBFloat16 : torch::kFloat32;
+        const auto spec = plan::describe_llama(config, batch, compute);
+        const auto options = options_of(run, world().size(), world().rank());
+        world().barrier()->wait();
+        const int64_t before = dtrain::memory::live_bytes();
+        int64_t measured = 0;
+        const std::string where = run.name() + (tied ? ", tied" : "") + ", batch " + std::to_string(batch);
+        {
+          torch::manual_seed(0);
+          dtrain::models::Llama model{nullptr};
+          {
+            std::optional<dtrain::DeferredConstruction> deferred;
+            if (run.strategy != "ddp") deferred.emplace();
+            model = dtrain::models::Llama(config);
+          }
+          Engine engine(model.ptr(), world_ptr(), run.strategy, options.fsdp);
+          expect_units(engine, spec, where);
+          torch::optim::AdamW optimizer(engine.parameters, torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
+          torch::manual_seed(1 + world().rank());
+          auto tokens = torch::randint(0, config.vocab_size, {batch, config.seq_len}, torch::kLong);
+          auto targets = torch::randint(0, config.vocab_size, {batch, config.seq_len}, torch::kLong);
+          measured = measured_step_peak(before, optimizer, [&] {
+            auto logits = engine.forward([&](const torch::Tensor& x) { return model->forward(x); }, tokens);
+            torch::nn::functional::cross_entropy(logits.flatten(0, -2), targets.flatten()).backward();
+          });
+        }
+        expect_close(measured, plan::make_plan(spec, options), where + " on " + std::to_string(world().size()));
+      }
+    }
+  }
+}
+
+// One tensor-parallel slice per rank on every (dp, tp) mesh of the world with
+// tp > 1, DDP or FSDP over dp: kv heads split (tp 2) or whole (tp 4).
+TEST(MeasuredLlama, TensorParallelPeakMatchesThePlan) {
+  dtrain::memory::install_tracking_allocator();
+  const auto config = measured_llama(false);
+  constexpr int64_t kBatch = 4;  // per dp rank
+  for (int tp = 2; tp <= world().size(); tp *= 2) {
+    if (world().size() % tp != 0) continue;
+    const dtrain::DeviceMesh mesh(world_ptr(), {{"dp", -1}, {"tp", tp}});
+    for (const bool sequence_parallel : {false, true}) {
+      const auto spec = plan::describe_llama(config, kBatch, torch::kFloat32, tp, sequence_parallel);
+      for (const PlannedRun& run : {PlannedRun{"ddp"}, PlannedRun{"fsdp"}}) {
+        const auto options = options_of(run, mesh.size("dp"), mesh.rank("dp"));
+        world().barrier()->wait();
+        const int64_t before = dtrain::memory::live_bytes();
+        int64_t measured = 0;
+        const std::string where =
+            run.name() + " on " + mesh.describe() + (sequence_parallel ? " sequence-parallel" : "");
+        {
+          torch::manual_seed(0);
+          dtrain::models::TPLlama model{nullptr};
+          {
+            std::optional<dtrain::DeferredConstruction> deferred;
+            if (run.strategy != "ddp") deferred.emplace();
+            model = dtrain::models::TPLlama(config, mesh.comm("tp"), sequence_parallel);
+          }
+          Engine engine(model.ptr(), mesh.comm("dp"), run.strategy, options.fsdp);
+          expect_units(engine, spec, where);
+          torch::optim::AdamW optimizer(engine.parameters, torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
+          torch::manual_seed(1 + mesh.rank("dp"));
+          auto tokens = torch::randint(0, config.vocab_size, {kBatch, config.seq_len}, torch::kLong);
+          auto targets = torch::randint(0, config.vocab_size, {kBatch, config.seq_len}, torch::kLong);
+          measured = measured_step_peak(before, optimizer, [&] {
+            auto logits = engine.forward([&](const torch::Tensor& x) { return model->forward(x); }, tokens);
+            model->loss(logits, targets).mean().backward();
+          });
+        }
+        expect_close(measured, plan::make_plan(spec, options), where);
+      }
+    }
+  }
+}
+
+// Each stage on every (dp, pp, tp) mesh of the world with pp > 1 and tp of
+// 1 or 2, both schedules, run as dtrain train --pp runs it (the tied head's
+// gradients summed over the end stages).
+TEST(MeasuredLlama, PipelinePeakMatchesThePlan) {
+  if (world().size() < 2) GTEST_SKIP() << "a pipeline needs two ranks";
+  dtrain::memory::install_tracking_allocator();
+  constexpr int kMicrobatches = 4;
+  constexpr int64_t kPart = 2 * kMicrobatches;  // windows per dp rank
+  for (const bool tied : {false, true}) {
+    const auto config = measured_llama(tied);
+    for (int stages = 2; stages <= world().size(); stages *= 2) {
+      for (const int tp : {1, 2}) {
+        if (world().size() % (stages * tp) != 0) continue;
+        std::vector<std::pair<std::string, int>> dimensions{{"dp", -1}, {"pp", stages}};
+        if (tp > 1) dimensions.emplace_back("tp", tp);
+        const dtrain::DeviceMesh mesh(world_ptr(), dimensions);
+        const int stage = mesh.rank("pp");
+        const auto blocks = pp::divide_blocks(config.n_layer, stages)[static_cast<size_t>(stage)];
+        const dtrain::models::LlamaPart part{stage, stages, blocks.first, blocks.last};
+        const auto spec = plan::describe_llama_stage(config, kPart, kMicrobatches, torch::kFloat32, stage, stages, tp);
+        for (const auto schedule : {pp::Schedule::GPipe, pp::Schedule::OneFOneB}) {
+          for (const PlannedRun& run : {PlannedRun{"ddp"}, PlannedRun{"fsdp"}}) {
+            auto options = options_of(run, mesh.size("dp"), mesh.rank("dp"));
+            options.schedule = schedule;
+            world().barrier()->wait();
+            const int64_t before = dtrain::memory::live_bytes();
+            int64_t measured = 0;
+            const std::string where = run.name() + (tied ? ", tied, " : ", ") + pp::schedule_name(schedule) + " on " +
+                                      mesh.describe() + ", stage " + std::to_string(stage);
+            {
+              torch::manual_seed(0);
+              std::shared_ptr<torch::nn::Module> module;
+              std::function<torch::Tensor(const torch::Tensor&)> stage_forward;
+              std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
+              {
+                std::optional<dtrain::DeferredConstruction> deferred;
+                if (run.strategy != "ddp") deferred.emplace();
+                if (tp == 1) {
+                  auto llama = dtrain::models::Llama(config, part);
+                  module = llama.ptr();
+                  stage_forward = [llama](const torch::Tensor& x) mutable { return llama->forward(x); };
+                  loss = [](const torch::Tensor& logits, const torch::Tensor& t) {
+                    return torch::nn::functional::cross_entropy(logits.flatten(0, -2), t.flatten());
+                  };
+                } else {
+                  auto llama = dtrain::models::TPLlama(config, mesh.comm("tp"), false, part);
+                  module = llama.ptr();
+                  stage_forward = [llama](const torch::Tensor& x) mutable { return llama->forward(x); };
+                  loss = [llama](const torch::Tensor& logits, const torch::Tensor& t) {
+                    return llama->loss(logits, t).mean();
+                  };
+                }
+              }
+              Engine engine(module, mesh.comm("dp"), run.strategy, options.fsdp);
+              expect_units(engine, spec, where);
+              torch::Tensor tied_weight;
+              if (tied && (stage == 0 || stage == stages - 1)) {
+                if (engine.fsdp) {
+                  for (const auto& shard : engine.fsdp->parameter_shards())
+                    if (shard.name == "embed_tokens.weight") tied_weight = shard.parameter;
+                } else {
+                  for (const auto& item : module->named_parameters())
+                    if (item.key() == "embed_tokens.weight") tied_weight = item.value();
+                }
+              }
+              torch::optim::AdamW optimizer(engine.parameters, torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
+              pp::Pipeline pipeline(mesh.comm("pp"), schedule, kMicrobatches);
+              torch::manual_seed(1 + mesh.rank("dp"));
+              auto tokens = torch::randint(0, config.vocab_size, {kPart, config.seq_len}, torch::kLong);
+              auto targets = torch::randint(0, config.vocab_size, {kPart, config.seq_len}, torch::kLong);
+              measured = measured_step_peak(before, optimizer, [&] {
+                if (engine.fsdp) engine.fsdp->gather_for_step(false);
+                pipeline.step([&](const torch::Tensor& x) { return engine.forward(stage_forward, x); }, loss, tokens,
+                              targets, {kPart / kMicrobatches, config.seq_len, config.dim}, torch::kFloat32,
+                              [&](bool sync, const std::function<void()>& backward) {
+                                if (sync || !engine.ddp) return backward();
+                                auto guard = engine.ddp->no_sync();
+                                backward();
+                              });
+                if (engine.fsdp) engine.fsdp->reduce_step_gradients();
+                if (tied) pp::sum_tied_gradients(tied_weight, pipeline);
+              });
+            }
+            expect_close(measured, plan::make_plan(spec, options), where);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return dtrain::testing::run_multirank_tests(argc, argv); }
