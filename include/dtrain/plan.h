@@ -139,8 +139,13 @@ ModelSpec describe_gpt(const models::GPTConfig& config, int64_t batch_per_rank, 
 // Plan it with make_plan at world_size = the data-parallel size. tp = 1 is
 // describe_gpt. Throws std::invalid_argument when tp does not divide the
 // heads or the vocabulary (or, with sequence_parallel, seq_len).
+//
+// cp > 1: one rank of a context-parallel group of `cp` ranks, holding T / cp
+// tokens of each sequence (their head and tail chunks) and running ring
+// attention (Note [ring attention plan]); plan it at world_size = dp x cp,
+// the ranks the engine runs over. Throws when 2 cp does not divide seq_len.
 ModelSpec describe_tp_gpt(const models::GPTConfig& config, int64_t batch_per_rank, torch::ScalarType compute_dtype,
-                          int tp, bool sequence_parallel = false);
+                          int tp, bool sequence_parallel = false, int cp = 1);
 // Stage `stage` of `stages` of the GPT as `dtrain train --pp` runs it:
 // models::GPTStage (tp = 1) or models::TPGPTStage (one tp rank's slice),
 // holding the blocks pp::divide_blocks gives it. Its units are the ones
@@ -163,8 +168,9 @@ ModelSpec describe_gpt_stage(const models::GPTConfig& config, int64_t batch_per_
 // collectives per step. Plan it at world_size = the data-parallel size.
 // Throws std::invalid_argument for a configuration Llama refuses, dropout,
 // or a tp that does not divide the heads, the vocabulary or the MLP.
+// cp > 1 as describe_tp_gpt's.
 ModelSpec describe_llama(const models::LlamaConfig& config, int64_t batch_per_rank, torch::ScalarType compute_dtype,
-                         int tp = 1, bool sequence_parallel = false);
+                         int tp = 1, bool sequence_parallel = false, int cp = 1);
 // Stage `stage` of `stages` of Llama as `dtrain train --pp` runs it
 // (models::Llama or models::TPLlama with a LlamaPart), as
 // describe_gpt_stage describes the GPT's: the root holds embed_tokens on the

@@ -47,8 +47,25 @@ std::string description_of(const models::LlamaConfig& c, int64_t width) {
 }  // namespace
 
 ModelSpec describe_llama(const models::LlamaConfig& config, int64_t batch_per_rank, torch::ScalarType compute_dtype,
-                         int tp, bool sequence_parallel) {
+                         int tp, bool sequence_parallel, int cp) {
   models::LlamaImpl::parameter_count(config);  // validates the configuration
+  if (cp < 1) throw std::invalid_argument("plan: cp must be at least 1, got " + std::to_string(cp));
+  if (cp > 1) {
+    if (config.seq_len % (2 * cp) != 0)
+      throw std::invalid_argument("plan: context parallelism over " + std::to_string(cp) + " ranks needs seq_len " +
+                                  std::to_string(config.seq_len) + " divisible by " + std::to_string(2 * cp));
+    // The model at this rank's T / cp tokens (no parameter depends on T);
+    // k and v reach the ring repeated to every query head.
+    models::LlamaConfig local = config;
+    local.seq_len = config.seq_len / cp;
+    ModelSpec model = describe_llama(local, batch_per_rank, compute_dtype, tp, sequence_parallel);
+    model.description = describe_llama(config, 1, compute_dtype, tp, sequence_parallel).description +
+                        ", context-parallel over " + std::to_string(cp) + " ranks (" + std::to_string(local.seq_len) +
+                        " tokens of each sequence per rank)";
+    detail::add_ring_attention(model, cp, batch_per_rank * local.seq_len, config.dim / tp,
+                               static_cast<int64_t>(c10::elementSize(compute_dtype)));
+    return model;
+  }
   if (batch_per_rank < 1)
     throw std::invalid_argument("plan: the per-rank batch must be at least 1, got " + std::to_string(batch_per_rank));
   if (config.dropout > 0)

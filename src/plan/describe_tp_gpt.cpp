@@ -28,8 +28,27 @@ void add_split_linear(UnitSpec& unit, const std::string& prefix, int64_t weight,
 }  // namespace
 
 ModelSpec describe_tp_gpt(const models::GPTConfig& config, int64_t batch_per_rank, torch::ScalarType compute_dtype,
-                          int tp, bool sequence_parallel) {
+                          int tp, bool sequence_parallel, int cp) {
   if (tp < 1) throw std::invalid_argument("plan: tp must be at least 1, got " + std::to_string(tp));
+  if (cp < 1) throw std::invalid_argument("plan: cp must be at least 1, got " + std::to_string(cp));
+  if (cp > 1) {
+    if (config.seq_len % (2 * cp) != 0)
+      throw std::invalid_argument("plan: context parallelism over " + std::to_string(cp) + " ranks needs seq_len " +
+                                  std::to_string(config.seq_len) + " divisible by " + std::to_string(2 * cp));
+    // The model at this rank's T / cp tokens; wpe and its gradient stay [T, C].
+    models::GPTConfig local = config;
+    local.seq_len = config.seq_len / cp;
+    ModelSpec model = describe_tp_gpt(local, batch_per_rank, compute_dtype, tp, sequence_parallel);
+    const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
+    for (auto& p : model.units[0].parameters)
+      if (p.name == "wpe.weight") p.numel = config.seq_len * config.n_embd;
+    model.units[0].backward_end_workspace_bytes += (config.seq_len - local.seq_len) * config.n_embd * e;
+    model.description = describe_tp_gpt(config, 1, compute_dtype, tp, sequence_parallel).description +
+                        ", context-parallel over " + std::to_string(cp) + " ranks (" + std::to_string(local.seq_len) +
+                        " tokens of each sequence per rank)";
+    detail::add_ring_attention(model, cp, batch_per_rank * local.seq_len, config.n_embd / tp, e);
+    return model;
+  }
   if (tp == 1) return describe_gpt(config, batch_per_rank, compute_dtype);
   ModelSpec whole = describe_gpt(config, batch_per_rank, compute_dtype);  // validates config and batch
   models::check_tensor_parallel(config, tp);

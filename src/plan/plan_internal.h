@@ -57,4 +57,10 @@ void simulate_construction(const ModelSpec& model, const Layout& layout, bool in
 // fsdp's compression: its records' bytes, fsdp_rules::record_bytes).
 void count_collectives(const ModelSpec& model, const Layout& layout, const FSDPOptions& fsdp, Plan& plan);
 
+// Ring attention over `cp` ranks on a model described at `local_tokens` per
+// rank (batch x T / cp), attention `width` (its heads x head_dim on this
+// rank): what every block (units[1...]) keeps and holds besides, and the
+// ring's sends (Note [ring attention plan], describe_context_parallel.cpp).
+void add_ring_attention(ModelSpec& model, int cp, int64_t local_tokens, int64_t width, int64_t compute_bytes);
+
 }  // namespace dtrain::plan::detail
