@@ -53,17 +53,46 @@ struct Resolved {
   plan::PlanOptions options;  // over the data-parallel ranks (nproc / (pp x tp))
   int64_t global_batch = 0;
   std::string optimizer;
-  int nproc = 1, tp = 1, pp = 1;
+  int nproc = 1, tp = 1, pp = 1, cp = 1;
+  int dp = 1;                 // the data-parallel groups (the engine runs over dp x cp)
   int rank = 0;               // in the world
   // --pp: the model of each stage (the planned rank's is `model`).
   std::vector<plan::ModelSpec> stages;
   std::string activations;  // where the activations came from (train::PlannedModel)
 };
 
-// The mesh's coordinates of a world rank: dp outermost, tp innermost (as
-// dtrain train's make_mesh lays it out).
-int dp_coordinate(const PlanFlags& f, int rank) { return rank / (f.tp * f.pp); }
-int pp_coordinate(const PlanFlags& f, int rank) { return rank / f.tp % f.pp; }
+// The mesh's coordinates of a world rank: (dp, pp, cp, tp), dp outermost and
+// tp innermost (as dtrain train's make_mesh lays it out).
+int dp_coordinate(const PlanFlags& f, int rank) { return rank / (f.tp * f.cp * f.pp); }
+int pp_coordinate(const PlanFlags& f, int rank) { return rank / (f.tp * f.cp) % f.pp; }
+int cp_coordinate(const PlanFlags& f, int rank) { return rank / f.tp % f.cp; }
+
+// --cp: what dtrain train refuses (src/train/check_config.cpp), and what the
+// planner does not describe yet.
+void check_context_parallel_flags(const PlanFlags& f, const ModelSpec& spec) {
+  if (f.cp == 1) return;
+  const std::string cp = "--cp " + std::to_string(f.cp);
+  if (!spec.context_parallel)
+    throw std::invalid_argument(cp + " needs a model that runs on sequence shards (ModelSpec::context_parallel), "
+                                "which --model " + f.model + "'s spec does not declare");
+  if (!spec.plan_description || f.probe)
+    throw std::invalid_argument(cp + " is planned from the model's description (ModelSpec::plan_description): the probe "
+                                "measures a whole sequence, not a ring's shard" +
+                                std::string(f.probe ? "; leave out --probe" : ""));
+  if (f.seq_len % (2 * f.cp) != 0)
+    throw std::invalid_argument(cp + " needs --seq-len divisible by " + std::to_string(2 * f.cp) +
+                                " (each rank holds a head and a tail chunk of 2 x cp equal chunks), got " +
+                                std::to_string(f.seq_len) + " (as dtrain train)");
+  if (f.sequence_parallel && (f.seq_len / f.cp) % f.tp != 0)
+    throw std::invalid_argument("--sequence-parallel with " + cp + " and --tp " + std::to_string(f.tp) +
+                                " needs --seq-len divisible by " + std::to_string(f.cp * f.tp) + " (as dtrain train)");
+  if (f.pp > 1)
+    throw std::invalid_argument(cp + " with --pp " + std::to_string(f.pp) + " is not planned yet (dtrain train runs it; "
+                                "the stages' descriptions do not split the sequence): plan one of them at a time");
+  if (f.activation_checkpointing == "on")
+    throw std::invalid_argument(cp + " with --activation-checkpointing on is not planned yet (the recompute passes the "
+                                "ring again): plan one of them at a time");
+}
 
 void check_pipeline_flags(const PlanFlags& f, const ModelSpec& spec) {
   if (f.pp == 1) {
@@ -104,6 +133,7 @@ TrainConfig train_config_of(const PlanFlags& f, const ModelSpec& spec) {
   config.tp = f.tp;
   config.sequence_parallel = f.sequence_parallel;
   config.pp = f.pp;
+  config.cp = f.cp;
   config.microbatches = f.microbatches;
   config.data = spec.token_sequences ? "text:/usr/share/games/fortunes" : "fashion-mnist";  // dtrain train's defaults
   return config;
@@ -120,7 +150,13 @@ Resolved resolve(const PlanFlags& f) {
     throw std::invalid_argument("--tp " + std::to_string(f.tp) + " needs ModelSpec::tensor_parallel, the model's split "
                                 "into tensor-parallel layers, which --model " + f.model + "'s spec does not have");
   r.pp = f.pp;
+  r.cp = f.cp;
   check_pipeline_flags(f, spec);
+  check_context_parallel_flags(f, spec);
+  if (f.cp > 1 && f.nproc % (f.tp * f.pp * f.cp) != 0)
+    throw std::invalid_argument("--cp " + std::to_string(f.cp) + (f.pp > 1 ? " x --pp " + std::to_string(f.pp) : "") +
+                                (f.tp > 1 ? " x --tp " + std::to_string(f.tp) : "") + " does not divide --nproc " +
+                                std::to_string(f.nproc) + " (the mesh is (dp, pp, cp, tp), dp = nproc / (pp x cp x tp))");
   if (f.nproc % (f.tp * f.pp) != 0) {
     if (f.pp == 1)
       throw std::invalid_argument("--tp " + std::to_string(f.tp) + " does not divide --nproc " +
@@ -134,8 +170,10 @@ Resolved resolve(const PlanFlags& f) {
   if (f.sequence_parallel && f.seq_len % f.tp != 0)
     throw std::invalid_argument("--sequence-parallel with --tp " + std::to_string(f.tp) + " needs --seq-len divisible by " +
                                 std::to_string(f.tp) + ", got " + std::to_string(f.seq_len) + " (as dtrain train)");
-  // The engine runs over the dp ranks; the tp ranks of one dp group share its batch part.
-  const int dp = f.nproc / (f.tp * f.pp);
+  // The engine runs over the dp x cp ranks; the pp, cp and tp ranks of one
+  // dp group share its batch part.
+  const int dp = f.nproc / (f.tp * f.pp * f.cp);
+  r.dp = dp;
   const bool sequences = spec.token_sequences;
   r.global_batch = f.batch_size > 0 ? f.batch_size : (sequences ? 32 : 128);
   if (r.global_batch < dp)
@@ -151,20 +189,21 @@ Resolved resolve(const PlanFlags& f) {
   const int64_t per_rank = (r.global_batch + dp - 1) / dp;
 
   plan::set_strategy(r.options, f.strategy);
-  r.options.world_size = dp;
+  r.options.world_size = dp * f.cp;
   if (f.rank >= f.nproc)
     throw std::invalid_argument("--rank " + std::to_string(f.rank) + " is outside --nproc " + std::to_string(f.nproc) +
                                 " (ranks are 0.." + std::to_string(f.nproc - 1) + ")");
-  r.options.rank = dp_coordinate(f, f.rank);
+  r.options.rank = dp_coordinate(f, f.rank) * f.cp + cp_coordinate(f, f.rank);
   r.options.schedule = pp::schedule_from(f.schedule);
   r.options.gather_per_microbatch = f.pp_gather == "microbatch";
   if (strategy_info(f.strategy).sharding == Sharding::Hybrid) {
     if (f.hybrid_group_size == 0)
       throw std::invalid_argument("--strategy hsdp needs --hybrid-group-size G: ranks per sharding group, "
                                   "a divisor of --nproc");
-    if (dp % f.hybrid_group_size != 0)
+    if (dp * f.cp % f.hybrid_group_size != 0)
       throw std::invalid_argument("--hybrid-group-size " + std::to_string(f.hybrid_group_size) +
-                                  " must divide --nproc " + std::to_string(dp) + (f.tp * f.pp > 1 ? " / (pp x tp)" : ""));
+                                  " must divide --nproc " + std::to_string(dp * f.cp) +
+                                  (f.tp * f.pp > 1 ? " / (pp x tp)" : ""));
     r.options.fsdp.hybrid_group_size = f.hybrid_group_size;
   } else if (f.hybrid_group_size != 0) {
     throw std::invalid_argument("--hybrid-group-size applies to --strategy hsdp only, not " + f.strategy);
@@ -231,6 +270,7 @@ Resolved resolve(const PlanFlags& f) {
 // Which dimension of the mesh a collective runs over.
 const char* dimension_of(const plan::Collective& c) {
   if (c.what.find("tensor parallel") != std::string::npos) return "tp";
+  if (c.what.find("context parallel") != std::string::npos) return "cp";
   if (c.what.find("pipeline") != std::string::npos || c.what.find("end stages") != std::string::npos) return "pp";
   return "dp";
 }
@@ -284,7 +324,9 @@ void print(const Resolved& r, const plan::Plan& p) {
                                       : " (the root and one per block)");
   const bool ddp = p.strategy == "ddp";
   std::printf("  strategy %s, %d rank(s)", p.strategy.c_str(), r.nproc);
-  if (r.pp > 1)
+  if (r.cp > 1)
+    std::printf(", mesh (dp=%d, cp=%d, tp=%d): %s over dp x cp", r.dp, r.cp, r.tp, p.strategy.c_str());
+  else if (r.pp > 1)
     std::printf(", mesh (dp=%d, pp=%d, tp=%d): %s over dp", p.world_size, r.pp, r.tp, p.strategy.c_str());
   else if (r.tp > 1)
     std::printf(", mesh (dp=%d, tp=%d): %s over dp", p.world_size, r.tp, p.strategy.c_str());
@@ -329,8 +371,10 @@ void print(const Resolved& r, const plan::Plan& p) {
     std::printf("  compressed (--fsdp-compress %s): the byte counts below are the compressed records; the memory "
                 "above does not count the records' buffers\n",
                 to_string(r.options.fsdp.compression).c_str());
-  if (r.tp > 1 || r.pp > 1) {
-    std::printf("  by dimension: dp (groups of %d) sends %s", p.world_size, human(wire_bytes_over(p, "dp")).c_str());
+  if (r.tp > 1 || r.pp > 1 || r.cp > 1) {
+    std::printf("  by dimension: dp%s (groups of %d) sends %s", r.cp > 1 ? " x cp" : "", p.world_size,
+                human(wire_bytes_over(p, "dp")).c_str());
+    if (r.cp > 1) std::printf(", cp (rings of %d) %s", r.cp, human(wire_bytes_over(p, "cp")).c_str());
     if (r.pp > 1) std::printf(", pp (%d stages) %s", r.pp, human(wire_bytes_over(p, "pp")).c_str());
     if (r.tp > 1) std::printf(", tp (groups of %d) %s", r.tp, human(wire_bytes_over(p, "tp")).c_str());
     std::printf("\n");
@@ -372,7 +416,7 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
           {"parameters", r.model.parameter_count()},
           {"strategy", p.strategy},
           {"nproc", r.nproc},
-          {"mesh", {{"dp", p.world_size}, {"pp", r.pp}, {"tp", r.tp}}},
+          {"mesh", {{"dp", r.dp}, {"pp", r.pp}, {"cp", r.cp}, {"tp", r.tp}}},
           {"pipeline", pipeline},
           {"shard_group_size", p.shard_group_size},
           {"rank", r.rank},
@@ -464,6 +508,10 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
   cmd->add_option("--tp", f.tp, "Tensor parallelism: the (dp, tp) mesh as dtrain train --tp builds it; --strategy runs over dp")
       ->check(at_least(1))->capture_default_str();
   cmd->add_flag("--sequence-parallel", f.sequence_parallel, "With --tp: activations outside attention and the MLP split along the sequence");
+  cmd->add_option("--cp", f.cp, "Context parallelism: every sequence split over N ranks, the (dp, pp, cp, tp) mesh "
+                  "as dtrain train --cp builds it; --strategy runs over dp x cp")
+      ->check(at_least(1))
+      ->capture_default_str();
   cmd->add_option("--pp", f.pp, "Pipeline parallelism: the (dp, pp, tp) mesh as dtrain train --pp builds it; "
                   "--rank picks the stage, and every stage's peak is listed")
       ->check(at_least(1))->capture_default_str();

@@ -46,6 +46,7 @@ struct PlanFlags {
   int tp = 1;                     // dtrain train --tp: the (dp, tp) mesh, dp = nproc / tp
   bool sequence_parallel = false;
   int pp = 1;                     // dtrain train --pp: the (dp, pp, tp) mesh, dp = nproc / (pp x tp)
+  int cp = 1;                     // dtrain train --cp: the (dp, pp, cp, tp) mesh, dp = nproc / (pp x cp x tp)
   int microbatches = 1;
   std::string schedule = "1f1b";  // 1f1b | gpipe
   std::string pp_gather = "step";  // step | microbatch (sharded strategies)

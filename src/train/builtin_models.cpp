@@ -172,7 +172,7 @@ ModelSpec gpt_family(const std::string& summary, bool gelu_tanh) {
   spec.tensor_parallel = gpt_tensor_parallel;
   spec.pipeline_stage = gpt_stage;
   spec.plan_description = [](const TrainConfig& c, int64_t batch_per_rank, torch::ScalarType compute) {
-    return plan::describe_tp_gpt(gpt_config(c), batch_per_rank, compute, c.tp, c.sequence_parallel);
+    return plan::describe_tp_gpt(gpt_config(c), batch_per_rank, compute, c.tp, c.sequence_parallel, c.cp);
   };
   spec.plan_stage_description = [](const TrainConfig& c, int64_t batch_per_rank, int microbatches,
                                    torch::ScalarType compute, int stage) {
@@ -214,7 +214,7 @@ ModelSpec llama() {
   spec.tensor_parallel = llama_tensor_parallel;
   spec.pipeline_stage = llama_stage;
   spec.plan_description = [](const TrainConfig& c, int64_t batch_per_rank, torch::ScalarType compute) {
-    return plan::describe_llama(llama_config(c), batch_per_rank, compute, c.tp, c.sequence_parallel);
+    return plan::describe_llama(llama_config(c), batch_per_rank, compute, c.tp, c.sequence_parallel, c.cp);
   };
   spec.plan_stage_description = [](const TrainConfig& c, int64_t batch_per_rank, int microbatches,
                                    torch::ScalarType compute, int stage) {

@@ -13,8 +13,10 @@
 namespace dtrain::train {
 
 plan::Plan plan_for(const TrainConfig& config, const std::string& strategy, int world_size) {
-  // Under --tp the engine runs over the dp groups; each rank holds its tp slice.
-  const int dp = world_size / std::max(config.tp, 1);
+  // Under --tp the engine runs over the dp groups, each rank holding its tp
+  // slice; under --cp over dp x cp, the cp ranks of a group sharing its batch part.
+  const int cp = std::max(config.cp, 1);
+  const int dp = world_size / (std::max(config.tp, 1) * cp);
   plan::PlanOptions options;
   plan::set_strategy(options, strategy);
   const bool sharded = strategy_info(strategy).engine == StrategyEngine::FSDP;
@@ -22,9 +24,9 @@ plan::Plan plan_for(const TrainConfig& config, const std::string& strategy, int 
     options.fsdp = fsdp_options({.name = strategy, .compress = "none", .mixed_precision = config.mixed_precision,
                                  .fsdp_compress = config.fsdp_compress,
                                  .activation_checkpointing = config.activation_checkpointing},
-                                dp);
+                                dp * cp);
   }
-  options.world_size = dp;
+  options.world_size = dp * cp;
   options.rank = 0;
   options.optimizer = plan::optimizer_from(config.optimizer, config.momentum);
   options.init_from = !config.init_from.empty();
@@ -64,9 +66,10 @@ std::string step_advice(const TrainConfig& config) {
 }
 
 std::optional<std::string> memory_summary(const TrainConfig& config, int world_size, const TrainResult& result) {
-  // The planner does not describe pipeline stages or sequence shards yet.
+  // The planner does not describe the stages of a run with --pp (their
+  // summary would be per stage) or a ring's recompute yet.
   if (strategy_info(config.strategy).engine != StrategyEngine::FSDP || result.peak_memory_bytes_per_rank.empty() ||
-      config.pp > 1 || config.cp > 1)
+      config.pp > 1 || (config.cp > 1 && config.activation_checkpointing))
     return std::nullopt;
   try {
     const plan::Plan planned = plan_for(config, config.strategy, world_size);
@@ -76,7 +79,10 @@ std::optional<std::string> memory_summary(const TrainConfig& config, int world_s
     std::snprintf(ratio, sizeof ratio, "%.2fx", static_cast<double>(ddp) / static_cast<double>(std::max<int64_t>(measured, 1)));
     // The measured step peak also covers evaluation and sampling; the plan is of one training step.
     const std::string mesh =
-        config.tp > 1 ? " as (dp=" + std::to_string(world_size / config.tp) + ", tp=" + std::to_string(config.tp) + ")" : "";
+        config.cp > 1   ? " as (dp=" + std::to_string(world_size / (config.tp * config.cp)) + ", cp=" +
+                              std::to_string(config.cp) + ", tp=" + std::to_string(config.tp) + ")"
+        : config.tp > 1 ? " as (dp=" + std::to_string(world_size / config.tp) + ", tp=" + std::to_string(config.tp) + ")"
+                        : "";
     return "memory per rank: " + format_bytes(measured) + " at most (" + config.strategy + " on " +
            std::to_string(world_size) + " ranks" + mesh + ": start " + format_bytes(result.construction_peak_bytes) + ", steps " +
            format_bytes(result.step_peak_bytes) + "; dtrain plan predicted start " +
