@@ -4,8 +4,10 @@
 // and bf16, with grouped-query attention and a tied head; tensor-parallel
 // slices on every (dp, tp) mesh of the world, kv heads split and whole, with
 // and without sequence parallelism; pipeline stages on every (dp, pp, tp)
-// mesh, both schedules. Each run's units are the ones FSDP builds, and its
+// mesh, both schedules; context parallelism (ring attention) on every
+// (dp, cp, tp) mesh. Each run's units are the ones FSDP builds, and its
 // measured step peak is within 5% of the plan's.
+#include <dtrain/context_parallel.h>
 #include <dtrain/ddp.h>
 #include <dtrain/deferred_init.h>
 #include <dtrain/fsdp.h>
@@ -207,6 +209,73 @@ TEST(MeasuredLlama, TensorParallelPeakMatchesThePlan) {
           measured = measured_step_peak(before, optimizer, [&] {
             auto logits = engine.forward([&](const torch::Tensor& x) { return model->forward(x); }, tokens);
             model->loss(logits, targets).mean().backward();
+          });
+        }
+        expect_close(measured, plan::make_plan(spec, options), where);
+      }
+    }
+  }
+}
+
+// Ring attention (Note [ring attention plan]): each rank holds 1/cp of every
+// sequence, on every (dp, cp, tp) mesh of the world with cp > 1, the engine
+// over dp x cp as dtrain train --cp runs it; fp32 and bf16.
+TEST(MeasuredLlama, ContextParallelPeakMatchesThePlan) {
+  if (world().size() < 2) GTEST_SKIP() << "a ring needs two ranks";
+  dtrain::memory::install_tracking_allocator();
+  auto config = measured_llama(false);
+  config.seq_len = 64;
+  constexpr int64_t kBatch = 4;  // per dp group
+  for (int cp = 2; cp <= world().size(); cp *= 2) {
+    for (const int tp : {1, 2}) {
+      if (world().size() % (cp * tp) != 0) continue;
+      std::vector<std::pair<std::string, int>> dimensions{{"dp", -1}, {"cp", cp}};
+      if (tp > 1) dimensions.emplace_back("tp", tp);
+      dtrain::DeviceMesh mesh(world_ptr(), dimensions);
+      const dtrain::CommPtr engine_group = mesh.flatten({"dp", "cp"}, "dp_cp");
+      const dtrain::cp::ContextParallel context(mesh.comm("cp"));
+      for (const PlannedRun& run : {PlannedRun{"ddp"}, PlannedRun{"fsdp"}, PlannedRun{"fsdp", true}}) {
+        const auto compute = run.bf16 ? torch::kBFloat16 : torch::kFloat32;
+        const auto spec = plan::describe_llama(config, kBatch, compute, tp, false, cp);
+        const auto options = options_of(run, engine_group->size(), engine_group->rank());
+        world().barrier()->wait();
+        const int64_t before = dtrain::memory::live_bytes();
+        int64_t measured = 0;
+        const std::string where = run.name() + " on " + mesh.describe();
+        {
+          torch::manual_seed(0);
+          std::shared_ptr<torch::nn::Module> module;
+          std::function<torch::Tensor(const torch::Tensor&)> model_forward;
+          std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
+          {
+            std::optional<dtrain::DeferredConstruction> deferred;
+            if (run.strategy != "ddp") deferred.emplace();
+            if (tp == 1) {
+              auto llama = dtrain::models::Llama(config);
+              module = llama.ptr();
+              model_forward = [llama](const torch::Tensor& x) mutable { return llama->forward(x); };
+              loss = [](const torch::Tensor& logits, const torch::Tensor& t) {
+                return torch::nn::functional::cross_entropy(logits.flatten(0, -2), t.flatten());
+              };
+            } else {
+              auto llama = dtrain::models::TPLlama(config, mesh.comm("tp"));
+              module = llama.ptr();
+              model_forward = [llama](const torch::Tensor& x) mutable { return llama->forward(x); };
+              loss = [llama](const torch::Tensor& logits, const torch::Tensor& t) {
+                return llama->loss(logits, t).mean();
+              };
+            }
+          }
+          Engine engine(module, engine_group, run.strategy, options.fsdp);
+          expect_units(engine, spec, where);
+          torch::optim::AdamW optimizer(engine.parameters, torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
+          torch::manual_seed(1 + mesh.rank("dp"));
+          auto tokens = torch::randint(0, config.vocab_size, {kBatch, config.seq_len}, torch::kLong);
+          auto targets = torch::randint(0, config.vocab_size, {kBatch, config.seq_len}, torch::kLong);
+          const auto my_tokens = context.shard(tokens, 1), my_targets = context.shard(targets, 1);
+          measured = measured_step_peak(before, optimizer, [&] {
+            const dtrain::cp::ContextParallel::Scope in_scope(context);
+            loss(engine.forward(model_forward, my_tokens), my_targets).backward();
           });
         }
         expect_close(measured, plan::make_plan(spec, options), where);
