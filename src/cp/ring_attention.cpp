@@ -167,7 +167,11 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const int64_t c = g.c;
     const auto fp32 = q.options().dtype(torch::kFloat);
     // The running result, normalised over the keys seen so far, and their log-sum-exp.
-    torch::Tensor out = torch::zeros(q.sizes(), fp32);
+    // Laid out as [B, tokens, heads, head_dim] (a transposed view of it), as
+    // the flash kernel lays its output out: the caller's transpose and
+    // reshape to [B, tokens, heads x head_dim] is then a view, not a copy
+    // that the output projection would keep besides this saved one.
+    torch::Tensor out = torch::zeros({q.size(0), q.size(2), q.size(1), q.size(3)}, fp32).transpose(1, 2);
     torch::Tensor lse = torch::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<double>::infinity(), fp32);
     torch::Tensor block = torch::stack({k, v}).contiguous();  // travels in the inputs' dtype
     std::vector<WorkPtr> transfers;
