@@ -127,8 +127,11 @@ set(DTRAIN_LONG_TESTS
   train.cp.llama.ddp.cp2.overlap_off.c10d                 train.same_losses.cp.activation_checkpointing
   train.same_losses.bf16.cp                               train.same_losses.bf16.pp.fsdp
   train.cp.llama.fsdp.pp2_cp2_tp2.mpi                     train.cp.gpt.fsdp.pp2_cp2.1f1b.mpi
-  # The plan's Llama on one rank: plan.llama.mpi.np2 runs the same test on two.
+  # The plan against the allocator at other world sizes: the same tests on two ranks,
+  # and plan.llama.mpi.np4 replays pipeline stages and tp slices on four.
   plan.llama.np1                                          plan.llama.mpi.np2
+  plan.tp.mpi.np4                                         plan.mpi.np2
+  plan.pp.mpi.np4                                         plan.mpi.np2
   models.hugging_face.meshes                              models.hugging_face
   custom_model.sigterm_resume.zero2.np2                   custom_model.restart.fsdp.np2
   train.ps.sync_clip_equals_ddp                           train.ps.async_clip_equals_single
