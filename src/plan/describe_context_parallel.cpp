@@ -18,6 +18,7 @@
 // tests/plan/test_plan_llama.cpp checks the whole against the allocator.
 #include "plan/plan_internal.h"
 
+#include <stdexcept>
 #include <string>
 
 namespace dtrain::plan::detail {
@@ -38,6 +39,13 @@ void add_ring_attention(ModelSpec& model, int cp, int64_t local_tokens, int64_t 
   model.collectives.push_back({"send", what, cp, 2 * blocks * (cp - 1), 2 * blocks * (cp - 1) * kv_block, 0});
   model.collectives.push_back(
       {"send", "k/v gradients, context parallel", cp, blocks * cp, blocks * cp * gradient_block, 0});
+}
+
+int64_t context_parallel_tokens(int64_t seq_len, int cp) {
+  if (seq_len % (2 * cp) != 0)
+    throw std::invalid_argument("plan: context parallelism over " + std::to_string(cp) + " ranks needs seq_len " +
+                                std::to_string(seq_len) + " divisible by " + std::to_string(2 * cp));
+  return seq_len / cp;
 }
 
 }  // namespace dtrain::plan::detail

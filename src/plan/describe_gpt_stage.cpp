@@ -6,6 +6,7 @@
 // src/tp/tp_gpt_stage.cpp). tests/plan checks the replay of a pipeline step
 // against the tracking allocator.
 #include "dtrain/plan.h"
+#include "plan/plan_internal.h"
 
 #include <c10/core/ScalarType.h>
 
@@ -16,12 +17,7 @@ namespace dtrain::plan {
 
 ModelSpec describe_gpt_stage(const models::GPTConfig& config, int64_t batch_per_rank, int microbatches,
                              torch::ScalarType compute_dtype, int stage, int stages, int tp) {
-  if (stages < 2 || stage < 0 || stage >= stages)
-    throw std::invalid_argument("plan: stage " + std::to_string(stage) + " of " + std::to_string(stages) +
-                                " (a pipeline has at least 2 stages)");
-  if (microbatches < 1 || batch_per_rank % microbatches != 0)
-    throw std::invalid_argument("plan: a batch part of " + std::to_string(batch_per_rank) +
-                                " windows does not split into " + std::to_string(microbatches) + " microbatches");
+  detail::check_stage(batch_per_rank, microbatches, stage, stages);
   const auto blocks = pp::divide_blocks(config.n_layer, stages)[static_cast<size_t>(stage)];
   const int64_t micro = batch_per_rank / microbatches;
   // The whole model at one microbatch: its blocks are the stage's, and its
@@ -71,19 +67,32 @@ ModelSpec describe_gpt_stage(const models::GPTConfig& config, int64_t batch_per_
     model.loss_bytes = whole.loss_bytes;
   }
 
-  if (tp > 1) {
-    // describe_tp_gpt's collectives, for this stage's share: per microbatch an
-    // all-reduce of [b, T, C] after each row-parallel layer and before each
-    // column-parallel one, the embedding's on the first stage and the head
-    // input's on the last; the loss's three on the last.
-    const int64_t activation = micro * config.seq_len * config.n_embd * e;
-    const int64_t calls = microbatches * (4 * (blocks.last - blocks.first) + (first ? 1 : 0) + (last ? 1 : 0));
-    model.collectives.push_back({"all_reduce", "activations, tensor parallel", tp, calls, calls * activation, 0});
-    if (last)
-      model.collectives.push_back({"all_reduce", "loss, tensor parallel", tp, 3 * microbatches,
-                                   3 * microbatches * micro * config.seq_len * 4, 0});
-  }
+  detail::add_stage_tp_collectives(model, tp, blocks.last - blocks.first, micro * config.seq_len,
+                                   config.n_embd * e);
   return model;
 }
 
 }  // namespace dtrain::plan
+
+namespace dtrain::plan::detail {
+
+void check_stage(int64_t batch_per_rank, int microbatches, int stage, int stages) {
+  if (stages < 2 || stage < 0 || stage >= stages)
+    throw std::invalid_argument("plan: stage " + std::to_string(stage) + " of " + std::to_string(stages) +
+                                " (a pipeline has at least 2 stages)");
+  if (microbatches < 1 || batch_per_rank % microbatches != 0)
+    throw std::invalid_argument("plan: a batch part of " + std::to_string(batch_per_rank) +
+                                " windows does not split into " + std::to_string(microbatches) + " microbatches");
+}
+
+void add_stage_tp_collectives(ModelSpec& model, int tp, int64_t blocks, int64_t tokens, int64_t token_bytes) {
+  if (tp <= 1) return;
+  const auto& stage = model.pipeline;
+  const int64_t calls = stage.microbatches * (4 * blocks + (stage.first() ? 1 : 0) + (stage.last() ? 1 : 0));
+  model.collectives.push_back({"all_reduce", "activations, tensor parallel", tp, calls, calls * tokens * token_bytes, 0});
+  if (stage.last())
+    model.collectives.push_back({"all_reduce", "loss, tensor parallel", tp, 3 * stage.microbatches,
+                                 3 * stage.microbatches * tokens * kFloatBytes, 0});
+}
+
+}  // namespace dtrain::plan::detail

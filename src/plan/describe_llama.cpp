@@ -51,13 +51,10 @@ ModelSpec describe_llama(const models::LlamaConfig& config, int64_t batch_per_ra
   models::LlamaImpl::parameter_count(config);  // validates the configuration
   if (cp < 1) throw std::invalid_argument("plan: cp must be at least 1, got " + std::to_string(cp));
   if (cp > 1) {
-    if (config.seq_len % (2 * cp) != 0)
-      throw std::invalid_argument("plan: context parallelism over " + std::to_string(cp) + " ranks needs seq_len " +
-                                  std::to_string(config.seq_len) + " divisible by " + std::to_string(2 * cp));
     // The model at this rank's T / cp tokens (no parameter depends on T);
     // k and v reach the ring repeated to every query head.
     models::LlamaConfig local = config;
-    local.seq_len = config.seq_len / cp;
+    local.seq_len = detail::context_parallel_tokens(config.seq_len, cp);
     ModelSpec model = describe_llama(local, batch_per_rank, compute_dtype, tp, sequence_parallel);
     model.description = describe_llama(config, 1, compute_dtype, tp, sequence_parallel).description +
                         ", context-parallel over " + std::to_string(cp) + " ranks (" + std::to_string(local.seq_len) +
@@ -195,12 +192,7 @@ ModelSpec describe_llama(const models::LlamaConfig& config, int64_t batch_per_ra
 
 ModelSpec describe_llama_stage(const models::LlamaConfig& config, int64_t batch_per_rank, int microbatches,
                                torch::ScalarType compute_dtype, int stage, int stages, int tp) {
-  if (stages < 2 || stage < 0 || stage >= stages)
-    throw std::invalid_argument("plan: stage " + std::to_string(stage) + " of " + std::to_string(stages) +
-                                " (a pipeline has at least 2 stages)");
-  if (microbatches < 1 || batch_per_rank % microbatches != 0)
-    throw std::invalid_argument("plan: a batch part of " + std::to_string(batch_per_rank) +
-                                " windows does not split into " + std::to_string(microbatches) + " microbatches");
+  detail::check_stage(batch_per_rank, microbatches, stage, stages);
   const auto blocks = pp::divide_blocks(config.n_layer, stages)[static_cast<size_t>(stage)];
   const int64_t micro = batch_per_rank / microbatches;
   const ModelSpec whole = describe_llama(config, micro, compute_dtype, tp);
@@ -249,20 +241,14 @@ ModelSpec describe_llama_stage(const models::LlamaConfig& config, int64_t batch_
     model.loss_bytes = whole.loss_bytes;
   }
 
+  const int64_t stage_blocks = blocks.last - blocks.first;
+  detail::add_stage_tp_collectives(model, tp, stage_blocks, micro * config.seq_len, config.dim * e);
   if (tp > 1) {
-    // describe_llama's collectives, for this stage's share, per microbatch.
-    const int64_t activation = micro * config.seq_len * config.dim * e;
-    const int64_t stage_blocks = blocks.last - blocks.first;
-    const int64_t calls = microbatches * (4 * stage_blocks + (first ? 1 : 0) + (last ? 1 : 0));
-    model.collectives.push_back({"all_reduce", "activations, tensor parallel", tp, calls, calls * activation, 0});
     if (!models::splits_kv_heads(config, tp)) {
       const int64_t kv_weight = config.n_kv_head * (config.dim / config.n_head) * config.dim;
       model.collectives.push_back({"all_reduce", "replicated grads, tensor parallel", tp,
                                    2 * stage_blocks * microbatches, 2 * stage_blocks * microbatches * kv_weight * e, 0});
     }
-    if (last)
-      model.collectives.push_back({"all_reduce", "loss, tensor parallel", tp, 3 * microbatches,
-                                   3 * microbatches * micro * config.seq_len * kFloatBytes, 0});
   }
   return model;
 }

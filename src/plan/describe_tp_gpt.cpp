@@ -32,12 +32,9 @@ ModelSpec describe_tp_gpt(const models::GPTConfig& config, int64_t batch_per_ran
   if (tp < 1) throw std::invalid_argument("plan: tp must be at least 1, got " + std::to_string(tp));
   if (cp < 1) throw std::invalid_argument("plan: cp must be at least 1, got " + std::to_string(cp));
   if (cp > 1) {
-    if (config.seq_len % (2 * cp) != 0)
-      throw std::invalid_argument("plan: context parallelism over " + std::to_string(cp) + " ranks needs seq_len " +
-                                  std::to_string(config.seq_len) + " divisible by " + std::to_string(2 * cp));
     // The model at this rank's T / cp tokens; wpe and its gradient stay [T, C].
     models::GPTConfig local = config;
-    local.seq_len = config.seq_len / cp;
+    local.seq_len = detail::context_parallel_tokens(config.seq_len, cp);
     ModelSpec model = describe_tp_gpt(local, batch_per_rank, compute_dtype, tp, sequence_parallel);
     const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
     for (auto& p : model.units[0].parameters)

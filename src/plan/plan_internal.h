@@ -57,6 +57,19 @@ void simulate_construction(const ModelSpec& model, const Layout& layout, bool in
 // fsdp's compression: its records' bytes, fsdp_rules::record_bytes).
 void count_collectives(const ModelSpec& model, const Layout& layout, const FSDPOptions& fsdp, Plan& plan);
 
+// A pipeline stage's arguments: stage < stages (at least 2), and a batch
+// part that splits into the microbatches; std::invalid_argument otherwise.
+void check_stage(int64_t batch_per_rank, int microbatches, int stage, int stages);
+// A tensor-parallel stage's collectives per step (`model.pipeline` set):
+// per microbatch of `tokens` tokens an all-reduce of `token_bytes` per token
+// after each row-parallel layer and before each column-parallel one (4 per
+// block), the embedding's on the first stage and the head input's on the
+// last, and the loss's three on the last. Nothing for tp = 1.
+void add_stage_tp_collectives(ModelSpec& model, int tp, int64_t blocks, int64_t tokens, int64_t token_bytes);
+// The tokens of a sequence of `seq_len` one of `cp` ranks holds; throws
+// std::invalid_argument unless 2 cp divides seq_len (head and tail chunks).
+int64_t context_parallel_tokens(int64_t seq_len, int cp);
+
 // Ring attention over `cp` ranks on a model described at `local_tokens` per
 // rank (batch x T / cp), attention `width` (its heads x head_dim on this
 // rank): what every block (units[1...]) keeps and holds besides, and the
