@@ -11,11 +11,23 @@
 // full batch's gradients: each microbatch's loss (a mean over its samples)
 // is divided by M before its backward, and the gradients accumulate.
 //
-// Activations travel forward on one communicator and gradients back on
-// another (two splits of the group): each direction is then a FIFO that both
-// ends issue in the same order, so a send that waits for its receiver (on
-// c10d always; on MPI above the eager limit) never waits behind a receive
-// the other way.
+// Interleaved 1F1B (Megatron-LM's virtual pipeline): each rank holds v
+// chunks of the model, not one stage: with P ranks the model is P x v
+// consecutive stages and rank s holds stages s, s + P, ..., s + (v-1) P, so
+// a microbatch passes every rank v times (rank P-1 sends to rank 0 between
+// rounds). A step runs M x v chunk forwards and backwards per rank, in
+// groups of P microbatches per chunk; the fill and drain then last a chunk's
+// time, not a stage's, and the idle share of a step falls from
+// (P-1)/(M+P-1) to about (P-1)/(v M+P-1), for more activations alive at once
+// (Note [interleaved schedule], src/pp/schedule_actions.cpp) and v times the
+// messages. M must be a multiple of P.
+//
+// Each link between neighbouring ranks (s to s+1, and P-1 to 0 when
+// interleaved) has two communicators of its own: one for the activations
+// forward and one for the gradients back. Each then carries one direction of
+// one link, a FIFO that both ends issue in the same order, so a send that
+// waits for its receiver (on c10d always; on MPI above the eager limit)
+// never waits behind a message the receiver wants later.
 //
 //   dtrain::pp::Pipeline pipeline(mesh.comm("pp"), dtrain::pp::Schedule::OneFOneB, /*microbatches=*/4);
 //   const double loss = pipeline.step(
@@ -47,14 +59,30 @@ struct StageBlocks {
 // be empty or the split does not add up.
 std::vector<StageBlocks> divide_blocks(int64_t blocks, int stages, const std::vector<int64_t>& split = {});
 
-enum class Schedule { GPipe, OneFOneB };
-// "gpipe" | "1f1b"; throws std::invalid_argument naming both.
+enum class Schedule { GPipe, OneFOneB, Interleaved };
+// "gpipe" | "1f1b" | "interleaved"; throws std::invalid_argument naming them.
 Schedule schedule_from(const std::string& name);
 std::string schedule_name(Schedule schedule);
+
+// One entry of a stage's schedule: a microbatch's forward or backward
+// through one of the rank's chunks (always chunk 0 but when interleaved).
+struct Action {
+  bool forward = true;
+  int chunk = 0;
+  int microbatch = 0;
+};
+// What rank `stage` of `stages` runs in one step, in order, holding `chunks`
+// chunks (1 but for Interleaved). Throws std::invalid_argument naming the
+// numbers when the schedule cannot run them: Interleaved needs stages >= 2,
+// chunks >= 2 and microbatches a multiple of stages; the others one chunk.
+std::vector<Action> schedule_actions(Schedule schedule, int stage, int stages, int chunks, int microbatches);
 
 // The stage's forward on one microbatch: the first stage gets its slice of
 // the inputs, the others the activation received from the stage before.
 using StageForward = std::function<torch::Tensor(const torch::Tensor&)>;
+// Interleaved: the forward of the rank's chunk `chunk` (0 .. v-1, stage
+// stage() + chunk x stages() of the model's stages() x v).
+using ChunkForward = std::function<torch::Tensor(int chunk, const torch::Tensor&)>;
 // The last stage's loss of its output on a microbatch's targets: a scalar,
 // the mean over the microbatch.
 using StageLoss = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
@@ -80,9 +108,10 @@ using BackwardRunner = std::function<void(bool sync, const std::function<void()>
 // (The trainer scores the last stage's logits in fp32; src/train/trainer.cpp.)
 class Pipeline {
  public:
-  // Collective over `group` (splits it twice). Throws std::invalid_argument
-  // for microbatches < 1.
-  Pipeline(CommPtr group, Schedule schedule, int microbatches);
+  // Collective over `group` (splits it once per link and direction).
+  // `chunks`: the model chunks each rank holds (v, Interleaved only). Throws
+  // std::invalid_argument for microbatches < 1 or what schedule_actions refuses.
+  Pipeline(CommPtr group, Schedule schedule, int microbatches, int chunks = 1);
 
   // One step's forwards and backwards (collective over the group). `inputs`
   // and `targets`: the whole batch on every stage (only the first stage reads
@@ -92,6 +121,13 @@ class Pipeline {
   // every stage boundary (Note [stage dtype]). Returns the step's loss (the mean of the
   // microbatches' losses) on every stage. Gradients accumulate into the
   // stage's parameters as loss.backward() would for the whole batch.
+  // Interleaved: `forward` runs one of the rank's chunks; the first rank's
+  // chunk 0 reads inputs, the last rank's last chunk gives the loss. With
+  // one chunk, forward is called with chunk 0.
+  double step(const ChunkForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
+              const torch::Tensor& targets, const std::vector<int64_t>& activation_shape,
+              torch::ScalarType dtype = torch::kFloat32, const BackwardRunner& run_backward = nullptr);
+  // One chunk per rank (not interleaved).
   double step(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
               const torch::Tensor& targets, const std::vector<int64_t>& activation_shape,
               torch::ScalarType dtype = torch::kFloat32, const BackwardRunner& run_backward = nullptr);
@@ -103,6 +139,9 @@ class Pipeline {
   // data-parallel group runs M forwards (the sharded engines gather in each). `loss` gives the last stage's value for a
   // microbatch (e.g. its summed per-sample losses); returns the sum over the
   // microbatches on every stage. Collective over the group.
+  double evaluate(const ChunkForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
+                  const torch::Tensor& targets, std::vector<int64_t> activation_shape,
+                  torch::ScalarType dtype = torch::kFloat32);
   double evaluate(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
                   const torch::Tensor& targets, std::vector<int64_t> activation_shape,
                   torch::ScalarType dtype = torch::kFloat32);
@@ -110,25 +149,40 @@ class Pipeline {
   // Inference on the whole batch as one microbatch: the last stage's output
   // (of `output_shape`, in `dtype`), on every stage. For generating text
   // (a forward per new token); without gradients. Collective over the group.
+  torch::Tensor infer(const ChunkForward& forward, const torch::Tensor& inputs,
+                      const std::vector<int64_t>& activation_shape, const std::vector<int64_t>& output_shape,
+                      torch::ScalarType dtype = torch::kFloat32);
   torch::Tensor infer(const StageForward& forward, const torch::Tensor& inputs,
                       const std::vector<int64_t>& activation_shape, const std::vector<int64_t>& output_shape,
                       torch::ScalarType dtype = torch::kFloat32);
 
   // The most microbatches whose activations this stage held at once in the
-  // last step (1F1B: at most stages - stage; GPipe: microbatches).
+  // last step, counted per chunk (1F1B: at most stages - stage; GPipe:
+  // microbatches; Interleaved: up to 2 (stages - stage - 1) + (v-1) stages + 1
+  // chunk-microbatches, each a chunk's 1/v of a stage's activations).
   int max_in_flight() const { return max_in_flight_; }
   int stage() const { return group_->rank(); }
   int stages() const { return group_->size(); }
   int microbatches() const { return microbatches_; }
+  int chunks() const { return chunks_; }
   Schedule schedule() const { return schedule_; }
   const CommPtr& group() const { return group_; }
 
  private:
   friend void sum_tied_gradients(const torch::Tensor& weight, const Pipeline& pipeline);
-  CommPtr group_, forward_channel_, backward_channel_;
+  bool first_chunk(int chunk) const { return stage() == 0 && chunk == 0; }
+  bool last_chunk(int chunk) const { return stage() == stages() - 1 && chunk == chunks_ - 1; }
+  // The message tag of a microbatch's crossing out of or into a chunk: unique within a step.
+  int tag(int microbatch, int chunk) const { return microbatch * chunks_ + chunk; }
+  CommPtr group_;
+  // This rank's links (null where there is none): activations in from the
+  // rank before and out to the next, gradients in from the next and out to
+  // the one before. In a link's communicator of two, the peer is 1 - rank().
+  CommPtr activations_in_, activations_out_, gradients_in_, gradients_out_;
   CommPtr ends_;  // the first and the last stage (the tied embedding's holders); the others among themselves
   Schedule schedule_;
   int microbatches_;
+  int chunks_;
   int max_in_flight_ = 0;
 };
 

@@ -53,21 +53,12 @@ constexpr Field kActivations = &MemoryBreakdown::activations;
 constexpr Field kGradients = &MemoryBreakdown::gradients;
 
 // The order in which a stage runs its microbatches' forwards (F) and
-// backwards (B), as Pipeline::step issues them.
+// backwards (B), as Pipeline::step issues them (one chunk per rank: the
+// plan does not model interleaving).
 std::vector<std::pair<char, int>> schedule_events(pp::Schedule schedule, int stage, int stages, int microbatches) {
   std::vector<std::pair<char, int>> events;
-  if (schedule == pp::Schedule::GPipe) {
-    for (int m = 0; m < microbatches; ++m) events.emplace_back('F', m);
-    for (int m = 0; m < microbatches; ++m) events.emplace_back('B', m);
-    return events;
-  }
-  const int warmup = std::min(stages - stage - 1, microbatches);
-  for (int m = 0; m < warmup; ++m) events.emplace_back('F', m);
-  for (int m = warmup; m < microbatches; ++m) {
-    events.emplace_back('F', m);
-    events.emplace_back('B', m - warmup);
-  }
-  for (int m = microbatches - warmup; m < microbatches; ++m) events.emplace_back('B', m);
+  for (const pp::Action& action : pp::schedule_actions(schedule, stage, stages, 1, microbatches))
+    events.emplace_back(action.forward ? 'F' : 'B', action.microbatch);
   return events;
 }
 

@@ -1,5 +1,6 @@
-// Pipeline schedules (include/dtrain/pipeline.h): GPipe and 1F1B over the
-// stages of a group, activations and gradients point to point.
+// Pipeline schedules (include/dtrain/pipeline.h): a step's forwards and
+// backwards in the order schedule_actions gives (GPipe, 1F1B, interleaved),
+// activations and gradients point to point over each link between stages.
 #include "dtrain/pipeline.h"
 
 #include "dtrain/trace.h"
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <iterator>
 #include <stdexcept>
 
 namespace dtrain::pp {
@@ -37,28 +39,31 @@ std::vector<StageBlocks> divide_blocks(int64_t blocks, int stages, const std::ve
   return out;
 }
 
-Schedule schedule_from(const std::string& name) {
-  if (name == "gpipe") return Schedule::GPipe;
-  if (name == "1f1b") return Schedule::OneFOneB;
-  throw std::invalid_argument("pipeline schedule '" + name + "' is not one of gpipe, 1f1b");
-}
-
-std::string schedule_name(Schedule schedule) { return schedule == Schedule::GPipe ? "gpipe" : "1f1b"; }
-
-Pipeline::Pipeline(CommPtr group, Schedule schedule, int microbatches)
-    : group_(std::move(group)), schedule_(schedule), microbatches_(microbatches) {
-  if (microbatches < 1)
-    throw std::invalid_argument("pipeline: " + std::to_string(microbatches) + " microbatches; need at least 1");
-  const int rank = group_->rank(), last = group_->size() - 1;
-  forward_channel_ = group_->split(0, rank);
-  backward_channel_ = group_->split(0, rank);
+Pipeline::Pipeline(CommPtr group, Schedule schedule, int microbatches, int chunks)
+    : group_(std::move(group)), schedule_(schedule), microbatches_(microbatches), chunks_(chunks) {
+  const int rank = group_->rank(), P = group_->size(), last = P - 1;
+  schedule_actions(schedule, rank, P, chunks, microbatches);  // refuses what cannot run, on every rank alike
+  // Link i carries stage i's output to stage i + 1 (the last link, P-1 to 0,
+  // only when interleaved). Its communicators have the sender as rank 0 and
+  // the receiver as rank 1; every rank takes part in every split.
+  const int links = chunks > 1 ? P : P - 1;
+  for (int i = 0; i < links; ++i) {
+    const int sender = i, receiver = (i + 1) % P;
+    const bool member = rank == sender || rank == receiver;
+    const int color = member ? 0 : -1, key = rank == sender ? 0 : 1;
+    CommPtr activations = group_->split(color, key);
+    CommPtr gradients = group_->split(color, key);
+    if (rank == sender) activations_out_ = activations, gradients_in_ = gradients;
+    if (rank == receiver) activations_in_ = activations, gradients_out_ = gradients;
+  }
   ends_ = group_->split(rank == 0 || rank == last ? 0 : 1, rank);
 }
 
 namespace {
 
-// One microbatch on this stage: what it received (the activation, whose
-// gradient goes back) and what it produced (whose gradient comes in).
+// One microbatch in one chunk of this stage: what it received (the
+// activation, whose gradient goes back) and what it produced (whose
+// gradient comes in).
 struct InFlight {
   torch::Tensor input, output;
 };
@@ -78,16 +83,22 @@ double from_the_last_stage(const CommPtr& group, double value) {
   return total.item<double>();
 }
 
+// The other end of a link's communicator of two.
+int peer(const CommPtr& link) { return 1 - link->rank(); }
+
 }  // namespace
 
-double Pipeline::step(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
+double Pipeline::step(const ChunkForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
                       const torch::Tensor& targets, const std::vector<int64_t>& activation_shape,
                       torch::ScalarType dtype, const BackwardRunner& run_backward_with) {
-  const int s = stage(), P = stages(), M = microbatches_;
-  const bool first = s == 0, last = s == P - 1;
+  const int M = microbatches_;
+  const bool wraps_out = stage() == stages() - 1;  // this rank's chunk k feeds the first rank's chunk k + 1
   const int64_t micro = microbatch_size(inputs, M);
   const auto options = torch::TensorOptions().dtype(dtype);
-  std::deque<InFlight> in_flight;  // forwarded, not yet backwarded, oldest first
+  // Per chunk: forwarded, not yet backwarded, oldest first (both run a
+  // chunk's microbatches in increasing order).
+  std::vector<std::deque<InFlight>> in_flight(static_cast<size_t>(chunks_));
+  int alive = 0;
   // Sends in flight, oldest first; each holds its tensor until it completes.
   // Completed ones are dropped as the step goes, so that 1F1B's bound on
   // live activations holds for what is sent too (not M outputs until the end).
@@ -98,61 +109,62 @@ double Pipeline::step(const StageForward& forward, const StageLoss& loss, const 
   double loss_sum = 0;
   max_in_flight_ = 0;
 
-  auto run_forward = [&](int m) {
+  auto run_forward = [&](int k, int m) {
     InFlight f;
-    if (first) {
+    if (first_chunk(k)) {
       f.input = inputs.narrow(0, m * micro, micro);
     } else {
       f.input = torch::empty(activation_shape, options);
-      trace::Span waiting("pp_recv_activation", trace::category::wait, {{"microbatch", m}});
-      forward_channel_->recv(f.input, s - 1, m)->wait();
+      trace::Span waiting("pp_recv_activation", trace::category::wait, {{"microbatch", m}, {"chunk", k}});
+      activations_in_->recv(f.input, peer(activations_in_), tag(m, k))->wait();
       f.input.requires_grad_(true);
     }
-    trace::Span computing("pp_forward", trace::category::compute, {{"microbatch", m}});
-    f.output = forward(f.input);
-    if (last) {
+    trace::Span computing("pp_forward", trace::category::compute, {{"microbatch", m}, {"chunk", k}});
+    f.output = forward(k, f.input);
+    if (last_chunk(k)) {
       // Each microbatch's share of the batch mean.
       f.output = loss(f.output, targets.narrow(0, m * micro, micro)) / static_cast<double>(M);
       loss_sum += f.output.item<double>();
     } else {
-      sends.push_back(forward_channel_->send(f.output.detach().to(dtype).contiguous(), s + 1, m));
+      sends.push_back(activations_out_->send(f.output.detach().to(dtype).contiguous(), peer(activations_out_),
+                                             tag(m, wraps_out ? k + 1 : k)));
     }
-    in_flight.push_back(std::move(f));
-    max_in_flight_ = std::max<int>(max_in_flight_, static_cast<int>(in_flight.size()));
+    in_flight[static_cast<size_t>(k)].push_back(std::move(f));
+    max_in_flight_ = std::max(max_in_flight_, ++alive);
   };
-  auto run_backward = [&](int m) {
-    InFlight f = std::move(in_flight.front());
-    in_flight.pop_front();
-    torch::Tensor gradient;  // of the output: none on the last stage (it is the loss)
-    if (!last) {
+  auto run_backward = [&](int k, int m, bool last_in_step) {
+    auto& chunk = in_flight[static_cast<size_t>(k)];
+    InFlight f = std::move(chunk.front());
+    chunk.pop_front();
+    --alive;
+    torch::Tensor gradient;  // of the output: none on the last chunk (it is the loss)
+    if (!last_chunk(k)) {
       // Gradients cross in the activations' dtype too (Note [stage dtype]).
       gradient = torch::empty(f.output.sizes(), options.device(f.output.device()));
-      trace::Span waiting("pp_recv_gradient", trace::category::wait, {{"microbatch", m}});
-      backward_channel_->recv(gradient, s + 1, m)->wait();
+      trace::Span waiting("pp_recv_gradient", trace::category::wait, {{"microbatch", m}, {"chunk", k}});
+      gradients_in_->recv(gradient, peer(gradients_in_), tag(m, wraps_out ? k + 1 : k))->wait();
       gradient = gradient.to(f.output.scalar_type());
     }
-    trace::Span computing("pp_backward", trace::category::compute, {{"microbatch", m}});
-    const auto backward = [&] { last ? f.output.backward() : f.output.backward(gradient); };
+    trace::Span computing("pp_backward", trace::category::compute, {{"microbatch", m}, {"chunk", k}});
+    const auto backward = [&] { last_chunk(k) ? f.output.backward() : f.output.backward(gradient); };
     if (run_backward_with) {
-      run_backward_with(m == M - 1, backward);
+      run_backward_with(last_in_step, backward);
     } else {
       backward();
     }
-    if (!first) sends.push_back(backward_channel_->send(f.input.grad().to(dtype).contiguous(), s - 1, m));
+    if (!first_chunk(k))
+      sends.push_back(gradients_out_->send(f.input.grad().to(dtype).contiguous(), peer(gradients_out_), tag(m, k)));
     drop_completed_sends();
   };
 
-  if (schedule_ == Schedule::GPipe) {
-    for (int m = 0; m < M; ++m) run_forward(m);
-    for (int m = 0; m < M; ++m) run_backward(m);
-  } else {
-    const int warmup = std::min(P - s - 1, M);
-    for (int m = 0; m < warmup; ++m) run_forward(m);
-    for (int m = warmup; m < M; ++m) {
-      run_forward(m);
-      run_backward(m - warmup);
+  const auto actions = schedule_actions(schedule_, stage(), stages(), chunks_, M);
+  const auto last_backward = std::find_if(actions.rbegin(), actions.rend(), [](const Action& a) { return !a.forward; });
+  for (auto a = actions.begin(); a != actions.end(); ++a) {
+    if (a->forward) {
+      run_forward(a->chunk, a->microbatch);
+    } else {
+      run_backward(a->chunk, a->microbatch, a == std::prev(last_backward.base()));
     }
-    for (int m = M - warmup; m < M; ++m) run_backward(m);
   }
   {
     trace::Span waiting("pp_send_drain", trace::category::wait);
@@ -161,12 +173,18 @@ double Pipeline::step(const StageForward& forward, const StageLoss& loss, const 
   return from_the_last_stage(group_, loss_sum);  // the loss lives on the last stage
 }
 
-double Pipeline::evaluate(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
+double Pipeline::step(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
+                      const torch::Tensor& targets, const std::vector<int64_t>& activation_shape,
+                      torch::ScalarType dtype, const BackwardRunner& run_backward) {
+  return step([&](int, const torch::Tensor& x) { return forward(x); }, loss, inputs, targets, activation_shape, dtype,
+              run_backward);
+}
+
+double Pipeline::evaluate(const ChunkForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
                           const torch::Tensor& targets, std::vector<int64_t> activation_shape,
                           torch::ScalarType dtype) {
   torch::NoGradGuard no_grad;
-  const int s = stage(), P = stages();
-  const bool first = s == 0, last = s == P - 1;
+  const bool wraps_out = stage() == stages() - 1;
   const int64_t batch = inputs.size(0), M = microbatches_;
   std::vector<WorkPtr> sends;
   double sum = 0;
@@ -179,24 +197,28 @@ double Pipeline::evaluate(const StageForward& forward, const StageLoss& loss, co
     // output is dropped: a model never sees an empty batch, which CUDA
     // kernels may refuse (Note [no empty batches], src/train/model.cpp).
     const int64_t size = batch / M + (m < batch % M ? 1 : 0);
-    torch::Tensor input;
-    if (first) {
-      input = size > 0 ? inputs.narrow(0, begin, size) : torch::zeros({1, inputs.size(1)}, inputs.options());
-    } else {
-      activation_shape.at(0) = std::max<int64_t>(size, 1);
-      input = torch::empty(activation_shape, torch::TensorOptions().dtype(dtype));
-      if (size > 0) {
-        forward_channel_->recv(input, s - 1, static_cast<int>(m))->wait();
+    const int mb = static_cast<int>(m);
+    for (int k = 0; k < chunks_; ++k) {
+      torch::Tensor input;
+      if (first_chunk(k)) {
+        input = size > 0 ? inputs.narrow(0, begin, size) : torch::zeros({1, inputs.size(1)}, inputs.options());
       } else {
-        input.zero_();
+        activation_shape.at(0) = std::max<int64_t>(size, 1);
+        input = torch::empty(activation_shape, torch::TensorOptions().dtype(dtype));
+        if (size > 0) {
+          activations_in_->recv(input, peer(activations_in_), tag(mb, k))->wait();
+        } else {
+          input.zero_();
+        }
       }
-    }
-    const torch::Tensor output = forward(input);
-    if (size == 0) continue;
-    if (last) {
-      sum += loss(output, targets.narrow(0, begin, size)).item<double>();
-    } else {
-      sends.push_back(forward_channel_->send(output.to(dtype).contiguous(), s + 1, static_cast<int>(m)));
+      const torch::Tensor output = forward(k, input);
+      if (size == 0) continue;
+      if (last_chunk(k)) {
+        sum += loss(output, targets.narrow(0, begin, size)).item<double>();
+      } else {
+        sends.push_back(activations_out_->send(output.to(dtype).contiguous(), peer(activations_out_),
+                                               tag(mb, wraps_out ? k + 1 : k)));
+      }
     }
     begin += size;
   }
@@ -204,23 +226,37 @@ double Pipeline::evaluate(const StageForward& forward, const StageLoss& loss, co
   return from_the_last_stage(group_, sum);
 }
 
-torch::Tensor Pipeline::infer(const StageForward& forward, const torch::Tensor& inputs,
+double Pipeline::evaluate(const StageForward& forward, const StageLoss& loss, const torch::Tensor& inputs,
+                          const torch::Tensor& targets, std::vector<int64_t> activation_shape,
+                          torch::ScalarType dtype) {
+  return evaluate([&](int, const torch::Tensor& x) { return forward(x); }, loss, inputs, targets,
+                  std::move(activation_shape), dtype);
+}
+
+torch::Tensor Pipeline::infer(const ChunkForward& forward, const torch::Tensor& inputs,
                               const std::vector<int64_t>& activation_shape, const std::vector<int64_t>& output_shape,
                               torch::ScalarType dtype) {
   torch::NoGradGuard no_grad;
-  const int s = stage(), P = stages();
-  torch::Tensor input = inputs;
-  if (s > 0) {
-    input = torch::empty(activation_shape, torch::TensorOptions().dtype(dtype));
-    forward_channel_->recv(input, s - 1, 0)->wait();
+  const bool wraps_out = stage() == stages() - 1;
+  torch::Tensor output;
+  for (int k = 0; k < chunks_; ++k) {
+    torch::Tensor input = inputs;
+    if (!first_chunk(k)) {
+      input = torch::empty(activation_shape, torch::TensorOptions().dtype(dtype));
+      activations_in_->recv(input, peer(activations_in_), tag(0, k))->wait();
+    }
+    output = forward(k, input).to(dtype).contiguous();
+    if (!last_chunk(k)) activations_out_->send(output, peer(activations_out_), tag(0, wraps_out ? k + 1 : k))->wait();
   }
-  torch::Tensor output = forward(input).to(dtype).contiguous();
-  if (s < P - 1) {
-    forward_channel_->send(output, s + 1, 0)->wait();
-    output = torch::empty(output_shape, torch::TensorOptions().dtype(dtype));
-  }
-  group_->blocking().broadcast(output, P - 1);
+  if (stage() < stages() - 1) output = torch::empty(output_shape, torch::TensorOptions().dtype(dtype));
+  group_->blocking().broadcast(output, stages() - 1);
   return output;
+}
+
+torch::Tensor Pipeline::infer(const StageForward& forward, const torch::Tensor& inputs,
+                              const std::vector<int64_t>& activation_shape, const std::vector<int64_t>& output_shape,
+                              torch::ScalarType dtype) {
+  return infer([&](int, const torch::Tensor& x) { return forward(x); }, inputs, activation_shape, output_shape, dtype);
 }
 
 void sum_tied_gradients(const torch::Tensor& weight, const Pipeline& pipeline) {
