@@ -116,6 +116,9 @@ set(DTRAIN_LONG_TESTS
   train.pp.llama.ddp.dp2_pp2.1f1b.mpi                     train.pp.llama.zero2.dp2_pp2.1f1b.c10d
   train.checkpoint.reshard.llama.dp2_tp2_to_pp2_tp2       train.checkpoint.reshard.llama.tp4_to_dp2_tp2
   train.same_losses.bf16.pp_tp.ddp.c10d                   train.same_losses.bf16.pp.fsdp
+  # Interleaved 1F1B: make test runs it alone on 2 ranks, under DDP and under FSDP with Llama.
+  train.pp.interleaved.zero2.dp1_pp2_tp2_v2.mpi           train.pp.interleaved.llama.fsdp.dp2_pp2_v2.tied.clip.mpi
+  train.pp.interleaved.single.pp4_v2.mpi                  train.pp.interleaved.single.pp2_v2.mpi
   # Context parallelism: the ring at 1 and 3 ranks, the GPT at cp 4 and with sequence
   # parallelism, the ring without overlap, bf16 (make test: the ring at 2 and 4 ranks, Llama on
   # (dp, cp) and (cp, tp), the GPT with pp, activation checkpointing without overlap).

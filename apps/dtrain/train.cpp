@@ -230,9 +230,15 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
                        "smaller pipeline bubble, (pp-1)/(M+pp-1) of the step)")
       ->check(kPositive)->capture_default_str();
   parallel->add_option("--schedule", c.schedule,
-                       "With --pp: 1f1b (one forward, one backward: at most pp microbatches' activations alive) or "
-                       "gpipe (all forwards, then all backwards: all M alive)")
-      ->check(CLI::IsMember({"1f1b", "gpipe"}))->capture_default_str();
+                       "With --pp: 1f1b (one forward, one backward: at most pp microbatches' activations alive), "
+                       "gpipe (all forwards, then all backwards: all M alive) or interleaved (1F1B over "
+                       "--virtual-stages chunks per rank: a bubble of about (pp-1)/(v M+pp-1), more activations "
+                       "alive and v times the messages; M a multiple of pp)")
+      ->check(CLI::IsMember({"1f1b", "gpipe", "interleaved"}))->capture_default_str();
+  parallel->add_option("--virtual-stages", c.virtual_stages,
+                       "With --schedule interleaved: the model chunks each pipeline rank holds (v >= 2; the model is "
+                       "pp x v stages, rank s holding stages s, s + pp, ...)")
+      ->check(kPositive)->capture_default_str();
   parallel->add_option("--pp-gather", c.pp_gather,
                        "With --pp and zero1, zero2, fsdp or hsdp: step (gather each unit of the stage once per step "
                        "and hold it: fewest gathers) or microbatch (gather a unit for each microbatch's forward and "

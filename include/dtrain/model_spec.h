@@ -173,7 +173,8 @@ struct ModelSpec {
   // tp_split_names, and loss and full_logits when they differ).
   std::function<BuiltModel(const TrainConfig&, CommPtr tp_group)> tensor_parallel;
   // --pp N: this rank's stage on `mesh` (dimensions "pp", and "tp" with
-  // --tp), as BuiltModel's pipeline fields say.
+  // --tp), as BuiltModel's pipeline fields say: stage pipeline_place(mesh)
+  // (below). With --schedule interleaved it is called once per chunk.
   std::function<BuiltModel(const TrainConfig&, const DeviceMesh& mesh)> pipeline_stage;
   // The model declares its blocks as FSDP units (dtrain::Sharded<>):
   // --activation-checkpointing recomputes them in their backward.
@@ -212,6 +213,19 @@ struct ModelSpec {
                                 int stage)>
       plan_stage_description;
 };
+
+// Which of how many consecutive stages ModelSpec::pipeline_stage builds:
+// the mesh's pp rank and size, but under --schedule interleaved with V
+// virtual stages, where the hook is called V times on each rank, for the
+// model's stages rank, rank + pp, ..., rank + (V-1) pp of pp x V. The
+// trainer merges the chunks into the rank's model by name (a name held by
+// two chunks is refused), so each must carry the whole model's names, as
+// a stage does; the first stage takes the inputs, the last gives the output.
+struct PipelinePlace {
+  int stage = 0;
+  int stages = 1;
+};
+PipelinePlace pipeline_place(const DeviceMesh& mesh);
 
 // Adds `spec` under `name` (letters, digits, '-', '_', '.'), or replaces the
 // spec a program registered under it (a run already holding the old one keeps

@@ -105,7 +105,12 @@ struct TrainConfig {
   // Pipeline parallelism (ModelSpec::pipeline_stage): pp consecutive groups of ranks hold
   // consecutive stages of the blocks (dtrain/pipeline.h); the mesh is
   // (dp, pp, tp). Each rank's part of the batch runs as `microbatches`
-  // microbatches under `schedule` ("1f1b" | "gpipe").
+  // microbatches under `schedule` ("1f1b" | "gpipe" | "interleaved").
+  // "interleaved" (interleaved 1F1B): each rank holds `virtual_stages`
+  // chunks of the model (stages rank, rank + pp, ... of pp x
+  // virtual_stages); the spec's pipeline_stage is called once per chunk
+  // (dtrain::pipeline_place, dtrain/model_spec.h). microbatches must be a
+  // multiple of pp.
   int pp = 1;
   // Context parallelism (ModelSpec::context_parallel): every sequence split
   // over cp ranks, head and tail chunks each (dtrain/context_parallel.h);
@@ -117,6 +122,7 @@ struct TrainConfig {
   bool cp_overlap = true;
   int microbatches = 1;
   std::string schedule = "1f1b";
+  int virtual_stages = 1;
   // With pp and a sharded strategy: "step" gathers each stage's units once
   // per step, "microbatch" for every microbatch's forward and backward
   // (FullyShardedBase::gather_for_step).

@@ -65,7 +65,7 @@ void describe_stage(BuiltModel& model, const DeviceMesh& mesh, const std::string
                     int64_t vocab_part) {
   model.pp_group = mesh.comm("pp");
   model.tied_weight = tied_weight;
-  const int stage = mesh.rank("pp"), stages = mesh.size("pp");
+  const auto [stage, stages] = pipeline_place(mesh);
   // The last stage's copy of a tied weight is counted on the first.
   if (!tied_weight.empty() && stages > 1 && stage == stages - 1) model.tied_copy = tied_weight;
   model.activation_shape = [width](int64_t samples, int64_t positions) {
@@ -82,10 +82,10 @@ BuiltModel gpt_tensor_parallel(const TrainConfig& config, CommPtr tp_group) {
   return model;
 }
 
-// This rank's stage of the GPT on `mesh`, its blocks divided evenly among
+// The stage pipeline_place(mesh) names of the GPT, its blocks divided evenly among
 // the stages; with "tp" on the mesh, split by tensor parallelism too.
 BuiltModel gpt_stage(const TrainConfig& config, const DeviceMesh& mesh) {
-  const int stage = mesh.rank("pp"), stages = mesh.size("pp");
+  const auto [stage, stages] = pipeline_place(mesh);
   const models::GPTConfig gpt = gpt_config(config);
   const pp::StageBlocks blocks = pp::divide_blocks(gpt.n_layer, stages)[static_cast<size_t>(stage)];
   BuiltModel model;
@@ -111,10 +111,10 @@ BuiltModel llama_tensor_parallel(const TrainConfig& config, CommPtr tp_group) {
   return model;
 }
 
-// This rank's stage of Llama on `mesh`, its blocks divided evenly among the
-// stages; with "tp" on the mesh, split by tensor parallelism too.
+// The stage pipeline_place(mesh) names of Llama, its blocks divided evenly
+// among the stages; with "tp" on the mesh, split by tensor parallelism too.
 BuiltModel llama_stage(const TrainConfig& config, const DeviceMesh& mesh) {
-  const int stage = mesh.rank("pp"), stages = mesh.size("pp");
+  const auto [stage, stages] = pipeline_place(mesh);
   const models::LlamaConfig llama = llama_config(config);
   const pp::StageBlocks blocks = pp::divide_blocks(llama.n_layer, stages)[static_cast<size_t>(stage)];
   const models::LlamaPart part{stage, stages, blocks.first, blocks.last};
@@ -140,9 +140,12 @@ void check_transformer_mesh(const TrainConfig& c) {
   if (c.tp > 1 && c.gpt_heads % c.tp != 0)
     fail("--tp " + std::to_string(c.tp) + " does not divide --gpt-heads " + std::to_string(c.gpt_heads) +
          " (each rank computes whole heads)");
-  if (c.pp > 1 && c.gpt_layers < c.pp)
-    fail("--pp " + std::to_string(c.pp) + " needs at least " + std::to_string(c.pp) +
-         " blocks (one per stage), got --gpt-layers " + std::to_string(c.gpt_layers));
+  const int64_t stages = static_cast<int64_t>(c.pp) * c.virtual_stages;
+  if (c.pp > 1 && c.gpt_layers < stages)
+    fail("--pp " + std::to_string(c.pp) +
+         (c.virtual_stages > 1 ? " x --virtual-stages " + std::to_string(c.virtual_stages) : std::string()) +
+         " needs at least " + std::to_string(stages) + " blocks (one per stage), got --gpt-layers " +
+         std::to_string(c.gpt_layers));
 }
 
 ModelSpec gpt_family(const std::string& summary, bool gelu_tanh) {

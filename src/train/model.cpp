@@ -1,5 +1,7 @@
 #include "train/model.h"
 
+#include "train/pipeline_chunks.h"
+
 #include <dtrain/deferred_init.h>
 #include <dtrain/models.h>
 #include <dtrain/mesh.h>
@@ -90,7 +92,17 @@ Model build_stage(const TrainConfig& config, const DeviceMesh& mesh, bool deferr
     throw std::invalid_argument("--pp needs ModelSpec::pipeline_stage, which --model " + spec.name + " lacks");
   std::optional<DeferredConstruction> deferring;
   if (deferred) deferring.emplace();
-  Model model = complete(spec.pipeline_stage(config, mesh), spec, "pipeline_stage");
+  std::function<void(int)> select_chunk;
+  BuiltModel built;
+  if (config.virtual_stages > 1) {
+    PipelineChunks chunks = build_chunks(config, mesh, spec);
+    built = std::move(chunks.model);
+    select_chunk = std::move(chunks.select);
+  } else {
+    built = spec.pipeline_stage(config, mesh);
+  }
+  Model model = complete(std::move(built), spec, "pipeline_stage");
+  model.select_chunk = std::move(select_chunk);
   if (!model.pp_group || !model.whole || !model.activation_shape || !model.output_shape)
     throw std::invalid_argument("the model spec '" + spec.name + "': ModelSpec::pipeline_stage must fill pp_group, "
                                 "whole, activation_shape and output_shape (dtrain/model_spec.h)");

@@ -26,6 +26,9 @@ struct Model : BuiltModel {
   bool token_sequences = false;   // ModelSpec::token_sequences
   // ModelSpec::hugging_face's layout, for --init-from DIR; unset without one.
   std::function<hf::Layout()> hugging_face_layout;
+  // --schedule interleaved: selects which of the rank's chunks the next
+  // forward runs (src/train/pipeline_chunks.h); unset otherwise.
+  std::function<void(int chunk)> select_chunk;
 };
 
 // The spec --model names (dtrain/model_spec.h).
@@ -48,7 +51,9 @@ std::optional<DeviceMesh> make_mesh(const TrainConfig& config, const CommPtr& wo
 // LibTorch's default generator first, as for build_model: the stages hold
 // the weights of the model build_model gives after the same seed.
 // With `deferred`, the stage's parameters get no storage (the sharded
-// strategies materialise each unit into its shards).
+// strategies materialise each unit into its shards). With
+// config.virtual_stages > 1, the rank's chunks merged into one model
+// (src/train/pipeline_chunks.h), select_chunk set.
 Model build_stage(const TrainConfig& config, const DeviceMesh& mesh, bool deferred = false);
 
 // Whether `strategy` (zero1, zero2, fsdp, hsdp) shards the model, and so

@@ -335,6 +335,7 @@ std::unique_ptr<Strategy> wrap_model(Model& model, const StrategyOptions& option
   DDPOptions ddp_options;
   ddp_options.comm_hook = hooks::by_name(options.compress);
   ddp_options.comm_streams = options.comm_streams;
+  ddp_options.find_unused_parameters = options.chunked_stage;
   if (options.mixed_precision != "none") ddp_options.mixed_precision = mixed_precision_of(options);
   return std::make_unique<DataParallel>(model, std::move(world), std::move(ddp_options), options.name);
 }

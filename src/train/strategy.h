@@ -100,6 +100,12 @@ struct StrategyOptions {
   // strategies move each piece of their shards (FSDPOptions::device).
   std::optional<torch::Device> device{};
   bool comm_streams = true;  // --comm-streams: FSDPOptions/DDPOptions::comm_streams
+  // --schedule interleaved: the step's last backward (the one DDP reduces
+  // in) runs through one of the rank's chunks, so DDP takes the other
+  // chunks' parameters, whose gradients accumulated under no_sync, as
+  // unused in it (DDPOptions::find_unused_parameters: one small all-reduce
+  // more per step) and reduces what they accumulated.
+  bool chunked_stage = false;
 };
 
 // --mixed-precision / --reduce-dtype as the engines' policy (DDP and FSDP alike).

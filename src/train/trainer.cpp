@@ -130,6 +130,9 @@ class DataParallelRun final : public train::StepSource {
   torch::Tensor forward_and_backward(int64_t step, const data::Batch& part);
   double take_pending_loss_sum();
   double pipeline_forward_and_backward(int64_t step, const data::Batch& part);
+  // --pp: the strategy's forward through the rank's chunk `chunk` (0 but
+  // under --schedule interleaved).
+  torch::Tensor chunk_forward(int chunk, const torch::Tensor& x);
   std::vector<int64_t> activation_shape(int64_t samples) const;
   data::Batch on_my_tokens(data::Batch batch) const;
   void build();
@@ -260,7 +263,8 @@ void DataParallelRun::build() {
   torch::manual_seed(config_.seed);  // the same weights on every rank
   if (config_.pp > 1) {
     model_ = train::build_stage(config_, *mesh_, deferred);
-    pipeline_.emplace(mesh_->comm("pp"), pp::schedule_from(config_.schedule), config_.microbatches);
+    pipeline_.emplace(mesh_->comm("pp"), pp::schedule_from(config_.schedule), config_.microbatches,
+                      config_.virtual_stages);
   } else {
     model_ = train::build_model(config_, deferred, config_.tp > 1 ? mesh_->comm("tp") : nullptr);
   }
@@ -276,7 +280,8 @@ void DataParallelRun::build() {
                .activation_checkpointing = config_.activation_checkpointing,
                .gather_per_microbatch = config_.pp_gather == "microbatch",
                .device = device_.is_cuda() ? std::optional<torch::Device>(device_) : std::nullopt,
-               .comm_streams = config_.comm_streams},
+               .comm_streams = config_.comm_streams,
+               .chunked_stage = config_.virtual_stages > 1},
       engine_world_);
   if (pipeline_ && !model_.tied_weight.empty()) tied_weight_ = strategy_->updated_tensor(model_.tied_weight);
   if (!config_.init_from.empty()) {
@@ -474,6 +479,11 @@ data::Batch DataParallelRun::on_my_tokens(data::Batch batch) const {
   return batch;
 }
 
+torch::Tensor DataParallelRun::chunk_forward(int chunk, const torch::Tensor& x) {
+  if (model_.select_chunk) model_.select_chunk(chunk);
+  return strategy_->forward(x);
+}
+
 // --pp: the part's microbatches through the stages under the schedule. Each
 // microbatch's loss is scaled so that the pipeline's sum over them is the
 // part's share of the global batch's mean (Note [global batch loss]); the
@@ -490,7 +500,7 @@ double DataParallelRun::pipeline_forward_and_backward(int64_t step, const data::
     return sum * (to_global_mean * M);  // the pipeline divides each microbatch's loss by M
   };
   strategy_->begin_microbatches();
-  const double scaled = pipeline_->step([&](const torch::Tensor& x) { return strategy_->forward(x); }, loss,
+  const double scaled = pipeline_->step([&](int chunk, const torch::Tensor& x) { return chunk_forward(chunk, x); }, loss,
                                         part.inputs, part.targets, activation_shape(part.inputs.size(0) / M),
                                         compute_dtype(config_), [&](bool last, const std::function<void()>& backward) {
                                           strategy_->run_backward(last, backward);
@@ -512,7 +522,7 @@ train::Evaluation DataParallelRun::evaluate() {
     train::PartTotals totals;
     if (pipeline_) {
       totals.loss_sum = pipeline_->evaluate(
-          [&](const torch::Tensor& x) { return strategy_->forward(x); },
+          [&](int chunk, const torch::Tensor& x) { return chunk_forward(chunk, x); },
           [&](const torch::Tensor& logits, const torch::Tensor& targets) {
             return model_.loss(in_fp32(logits), targets).sum();
           },
@@ -608,7 +618,7 @@ void DataParallelRun::finish(double train_seconds) {
           // Sampling draws on the host; the model runs on this rank's device.
           if (!pipeline_) return model_.full_logits(strategy_->forward(tokens.to(device_))).to(torch::kCPU);
           const int64_t n = tokens.size(0), t = tokens.size(1);
-          return model_.full_logits(pipeline_->infer([&](const torch::Tensor& x) { return strategy_->forward(x); },
+          return model_.full_logits(pipeline_->infer([&](int chunk, const torch::Tensor& x) { return chunk_forward(chunk, x); },
                                                      tokens, model_.activation_shape(n, t),
                                                      model_.output_shape(n, t), compute_dtype(config_))
                                       .to(torch::kFloat));
@@ -662,6 +672,7 @@ void DataParallelRun::finish(double train_seconds) {
   }
   if (pipeline_)
     final_line["pipeline"] = {{"schedule", config_.schedule}, {"microbatches", config_.microbatches},
+                              {"virtual_stages", config_.virtual_stages},
                               {"gather", config_.pp_gather}};
   if (background_) final_line["checkpoint_staging_bytes"] = background_->staging_bytes();  // Note [staging buffer]
   metrics_.write(final_line);

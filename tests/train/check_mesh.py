@@ -2,7 +2,7 @@
 """dtrain train --tp N / --pp N / --cp N (issues 20, 21 and 39): a run on a
 (dp, pp, cp, tp) mesh equals the same run on one process.
 
-    check_mesh.py [--tp T] [--pp P --microbatches M --schedule S] [--cp C [--cp-overlap off]] --nproc N
+    check_mesh.py [--tp T] [--pp P --microbatches M --schedule S [--virtual-stages V]] [--cp C [--cp-overlap off]] --nproc N
                   [--strategy S] [--backend B] [--sequence-parallel] DTRAIN -- TRAIN_ARGS...
 
 Runs TRAIN_ARGS once with --strategy single --nproc 1 (the reference) and once
@@ -35,6 +35,7 @@ def main():
     parser.add_argument("--microbatches", type=int)
     parser.add_argument("--schedule")
     parser.add_argument("--pp-gather")
+    parser.add_argument("--virtual-stages", type=int)
     parser.add_argument("--cp", type=int, default=1)
     parser.add_argument("--cp-overlap")
     parser.add_argument("--nproc", type=int, required=True)
@@ -57,6 +58,8 @@ def main():
             pipeline += ["--schedule", args.schedule]
         if args.pp_gather:
             pipeline += ["--pp-gather", args.pp_gather]
+        if args.virtual_stages:
+            pipeline += ["--virtual-stages", str(args.virtual_stages)]
         if args.cp > 1:
             pipeline += ["--cp", str(args.cp)]
         if args.cp_overlap:
@@ -90,6 +93,9 @@ def main():
         if tp_final.get("mesh") != {"dp": dp, "pp": args.pp, "cp": args.cp, "tp": args.tp}:
             fail(f"the final line's mesh is {tp_final.get('mesh')}, expected dp {dp}, pp {args.pp}, cp {args.cp}, "
                  f"tp {args.tp}")
+        if args.virtual_stages and (tp_final.get("pipeline") or {}).get("virtual_stages") != args.virtual_stages:
+            fail(f"the final line's pipeline is {tp_final.get('pipeline')}, expected virtual_stages "
+                 f"{args.virtual_stages}")
         if tp_final.get("parameters") != ref_final.get("parameters"):
             fail(f"parameters {tp_final.get('parameters')} (the whole model's count, {ref_final.get('parameters')}, "
                  "expected)")
