@@ -119,6 +119,7 @@ set(DTRAIN_LONG_TESTS
   # Interleaved 1F1B: make test runs it alone on 2 ranks, under DDP and under FSDP with Llama.
   train.pp.interleaved.zero2.dp1_pp2_tp2_v2.mpi           train.pp.interleaved.llama.fsdp.dp2_pp2_v2.tied.clip.mpi
   train.pp.interleaved.single.pp4_v2.mpi                  train.pp.interleaved.single.pp2_v2.mpi
+  train.pp.sequence_parallel.interleaved.zero2.dp1_pp2_tp2_v2.mpi train.pp.sequence_parallel.fsdp.dp1_pp2_tp2.mpi
   # Context parallelism: the ring at 1 and 3 ranks, the GPT at cp 4 and with sequence
   # parallelism, the ring without overlap, bf16 (make test: the ring at 2 and 4 ranks, Llama on
   # (dp, cp) and (cp, tp), the GPT with pp, activation checkpointing without overlap).

@@ -110,7 +110,8 @@ void check_pipeline_flags(const PlanFlags& f, const ModelSpec& spec) {
     throw std::invalid_argument(pp + " needs ModelSpec::plan_stage_description, a description of the model's pipeline "
                                 "stages, which --model " + f.model + "'s spec does not have");
   if (f.sequence_parallel)
-    throw std::invalid_argument(pp + " with --sequence-parallel is not available yet (the stages send whole sequences)");
+    throw std::invalid_argument(pp + " with --sequence-parallel is not planned yet (dtrain train runs it; plan "
+                                "--pp without it for an upper bound of the stages' activations)");
   if (f.probe)
     throw std::invalid_argument("--probe measures a whole model or a tensor-parallel slice of it, not a pipeline stage: "
                                 "leave out --probe or " + pp);

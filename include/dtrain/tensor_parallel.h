@@ -65,6 +65,12 @@ torch::Tensor gather_sequence(const torch::Tensor& x, const CommPtr& group);
 torch::Tensor reduce_scatter_sequence(const torch::Tensor& x, const CommPtr& group);
 // Forward: this rank's sequence slice of a replicated x. Backward: gathered.
 torch::Tensor split_sequence(const torch::Tensor& x, const CommPtr& group);
+// Forward: the ranks' sequence slices gathered into [B, T, C], as
+// gather_sequence. Backward: this rank's slice of the gradient, which every
+// rank holds whole and alike because what follows runs replicated on the
+// group (a pipeline stage's output, sent on by every tp rank and split again
+// by the next stage); split_sequence's inverse.
+torch::Tensor gather_sequence_replicated(const torch::Tensor& x, const CommPtr& group);
 
 // ---------------------------------------------------------------- slicing
 // Which rows of a full [out, in] weight a column-parallel rank holds: `out`

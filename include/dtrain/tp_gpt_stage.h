@@ -10,7 +10,14 @@
 // logits [B,T,vocab/tp] and loss() is the vocabulary-parallel cross-entropy.
 // The last stage's copy of wte (the tied head) holds the same vocabulary
 // rows as the first stage's on the same tp rank, so pp::sum_tied_gradients
-// over the pipeline group sums matching slices. No sequence parallelism.
+// over the pipeline group sums matching slices.
+//
+// With `sequence_parallel` (and T a multiple of the group's size), the
+// stage runs its blocks on this rank's sequence slice as TPGPT does: a
+// later stage splits its whole input (tp::split_sequence), and a stage
+// before the last gathers its output whole again
+// (tp::gather_sequence_replicated), so what crosses a stage boundary is the
+// same either way (Note [sequence parallel stages], src/tp/tp_gpt_stage.cpp).
 #pragma once
 
 #include <dtrain/comm.h>
@@ -23,7 +30,7 @@ class TPGPTStageImpl : public torch::nn::Module, public DeferredInit {
  public:
   // Stage `stage` of `stages`, blocks [first_block, last_block), split across `group`.
   TPGPTStageImpl(const GPTConfig& config, CommPtr group, int stage, int stages, int64_t first_block,
-                 int64_t last_block);
+                 int64_t last_block, bool sequence_parallel = false);
 
   // First stage: int64 tokens [B,T] -> [B,T,C]; others [B,T,C] -> [B,T,C],
   // and the last -> this rank's logits slice [B,T,vocab_size/tp].
@@ -43,6 +50,7 @@ class TPGPTStageImpl : public torch::nn::Module, public DeferredInit {
   GPTConfig config_;
   CommPtr group_;
   int stage_, stages_;
+  bool sequence_parallel_;
   tp::VocabParallelEmbedding wte_{nullptr};
   torch::nn::Embedding wpe_{nullptr};
   std::vector<dtrain::Sharded<TPGPTBlock>> block_calls_;

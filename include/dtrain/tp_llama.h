@@ -26,7 +26,9 @@
 // With sequence_parallel the residual stream and the RMSNorms run on
 // sequence slices [B, T/tp, dim] (gather_sequence into the column layers,
 // reduce_scatter_sequence out of the row layers, the norms' weights through
-// copy_to_group), as TPGPT does; for sequences tp divides, whole models only.
+// copy_to_group), as TPGPT does, for sequences tp divides; a pipeline
+// stage's input and output stay whole (Note [sequence parallel stages],
+// src/tp/tp_gpt_stage.cpp).
 #pragma once
 
 #include <dtrain/comm.h>

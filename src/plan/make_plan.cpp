@@ -127,6 +127,9 @@ Plan make_plan(const ModelSpec& model, const PlanOptions& options) {
         {unit.name, flat.numel, flat.padded, flat.shard, gathered ? flat.padded * layout.compute_bytes : 0});
   }
   if (model.pipeline.stages > 1) {
+    if (options.schedule == pp::Schedule::Interleaved)
+      throw std::invalid_argument("plan: the interleaved schedule is not planned yet (the plan holds one stage per "
+                                  "rank); plan 1f1b for the stage's parameters and a lower bound of its activations");
     detail::simulate_pipeline_step(model, layout, options.fsdp, options.schedule, plan);
   } else {
     detail::simulate_step(model, layout, options.fsdp, plan);

@@ -158,4 +158,8 @@ torch::Tensor split_sequence(const torch::Tensor& x, const CommPtr& group) {
   return group->size() == 1 ? x : ScatterDim::apply(x, int64_t{1}, false, group);
 }
 
+torch::Tensor gather_sequence_replicated(const torch::Tensor& x, const CommPtr& group) {
+  return group->size() == 1 ? x : GatherDim::apply(x, int64_t{1}, false, group).contiguous();
+}
+
 }  // namespace dtrain::tp

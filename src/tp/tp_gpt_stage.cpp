@@ -1,6 +1,7 @@
 // A pipeline stage of the tensor-parallel GPT (dtrain/tp_gpt_stage.h).
 #include "dtrain/tp_gpt_stage.h"
 
+#include <dtrain/attention.h>
 #include <dtrain/gpt_stage.h>
 
 #include <stdexcept>
@@ -9,8 +10,8 @@
 namespace dtrain::models {
 
 TPGPTStageImpl::TPGPTStageImpl(const GPTConfig& config, CommPtr group, int stage, int stages, int64_t first_block,
-                               int64_t last_block)
-    : config_(config), group_(std::move(group)), stage_(stage), stages_(stages) {
+                               int64_t last_block, bool sequence_parallel)
+    : config_(config), group_(std::move(group)), stage_(stage), stages_(stages), sequence_parallel_(sequence_parallel) {
   check_stage(config_, stage, stages, first_block, last_block, "TPGPTStage");
   check_tensor_parallel(config_, group_->size());
   // GPT's registration order and names (see GPTStage).
@@ -35,29 +36,61 @@ void TPGPTStageImpl::init_module(const std::string& /*name*/, torch::nn::Module&
   init_tp_gpt_module(module, generator);
 }
 
+// Note [sequence parallel stages]
+// Under sequence parallelism a stage's blocks hold this rank's slice of the
+// sequence, but what a stage sends the next stays the whole activation on
+// every tp rank: a later stage takes its slice of it (split_sequence, whose
+// backward gathers the slices' gradients: the whole gradient, alike on every
+// tp rank, which goes back), and a stage before the last gathers its slices
+// (gather_sequence_replicated, whose backward takes this rank's slice of that
+// gradient). Stages then agree on what crosses whatever T is (a sampling
+// prompt whose length tp does not divide runs without sequence parallelism
+// on every stage alike), at the cost of one all-gather over tp per boundary
+// and direction; sending the slices instead would cut the boundary's bytes
+// by tp (Megatron-LM's scatter-gather), left for later. The first stage
+// embeds into the slice as TPGPT does (the vocabulary rows' partial lookups
+// reduce-scattered); the last gathers after ln_f, before the head. TPLlama's
+// stages do the same (src/tp/tp_llama.cpp).
 torch::Tensor TPGPTStageImpl::forward(torch::Tensor input) {
   torch::Tensor x = input;
+  const int64_t T = input.size(1), tp = group_->size();
+  const bool sequence_parallel = sequence_parallel_ && tp > 1 && T % tp == 0;
+  const int64_t slice = T / tp, first = group_->rank() * slice;
   if (is_first()) {
     const torch::Tensor positions = stage_positions(input, config_, "TPGPTStage");
-    const auto embed = [this](const torch::Tensor& tokens) {
+    const auto embed = [this, sequence_parallel](const torch::Tensor& tokens) {
       check_materialized(wte_->weight, "TPGPTStage");
-      return wte_->forward(tokens);
+      return sequence_parallel ? tp::reduce_scatter_sequence(wte_->partial(tokens), group_) : wte_->forward(tokens);
     };
-    x = dtrain::detail::run_unit(wte_.get(), embed, input) + wpe_->forward(positions);
-    x = torch::dropout(x, config_.dropout, is_training());
+    x = dtrain::detail::run_unit(wte_.get(), embed, input);
+    if (sequence_parallel) {
+      // wpe through copy_to_group: each rank sees only its positions (as TPGPT).
+      x = x + torch::embedding(tp::copy_to_group(wpe_->weight, group_), positions.narrow(0, first, slice));
+      x = models::dropout_of_slice(x, config_.dropout, is_training(), {input.size(0), T, config_.n_embd}, 1, first);
+    } else {
+      x = torch::dropout(x + wpe_->forward(positions), config_.dropout, is_training());
+    }
+  } else if (sequence_parallel) {
+    x = tp::split_sequence(input, group_);
   }
+  // The blocks keep the layout until the next forward: a recomputation in
+  // backward (activation checkpointing) must see the same one.
   for (auto& block : block_calls_) {
-    block->set_sequence_parallel(false);
+    block->set_sequence_parallel(sequence_parallel);
     x = block(x);
   }
-  if (is_last()) {
-    // The tied head, column-parallel over the vocabulary: this rank's rows of wte.
-    const auto head = [this](const torch::Tensor& h) {
-      return tp::copy_to_group(h, group_).matmul(wte_->weight.t());
-    };
-    x = dtrain::detail::run_unit(wte_.get(), head, ln_f_->forward(x));
-  }
-  return x;
+  if (!is_last()) return sequence_parallel ? tp::gather_sequence_replicated(x, group_) : x;
+  // The tied head, column-parallel over the vocabulary: this rank's rows of
+  // wte, over whole sequences (gather_sequence's backward sums the ranks'
+  // vocabulary slices' contributions, as copy_to_group's does).
+  const auto head = [this, sequence_parallel](const torch::Tensor& h) {
+    return (sequence_parallel ? tp::gather_sequence(h, group_) : tp::copy_to_group(h, group_)).matmul(wte_->weight.t());
+  };
+  const torch::Tensor normed =
+      sequence_parallel ? torch::layer_norm(x, ln_f_->options.normalized_shape(), tp::copy_to_group(ln_f_->weight, group_),
+                                            tp::copy_to_group(ln_f_->bias, group_), ln_f_->options.eps())
+                        : ln_f_->forward(x);
+  return dtrain::detail::run_unit(wte_.get(), head, normed);
 }
 
 torch::Tensor TPGPTStageImpl::loss(const torch::Tensor& logits_slice, const torch::Tensor& targets) const {

@@ -158,8 +158,6 @@ torch::Tensor TPLlamaBlockImpl::forward(torch::Tensor x) {
 TPLlamaImpl::TPLlamaImpl(const LlamaConfig& config, CommPtr group, bool sequence_parallel, LlamaPart part)
     : config_(config), group_(std::move(group)), sequence_parallel_(sequence_parallel), part_(check_llama(config, part)) {
   check_tensor_parallel(config_, group_->size());
-  if (sequence_parallel_ && part_.stages > 1)
-    throw std::invalid_argument("TPLlama: sequence parallelism is for a whole model, not a pipeline stage");
   // Llama's registration order and names (see LlamaImpl's constructor).
   if (part_.is_first() || (part_.is_last() && config_.tie_embeddings)) {
     embed_tokens_ = register_module("embed_tokens",
@@ -215,6 +213,11 @@ torch::Tensor TPLlamaImpl::forward(torch::Tensor input) {
                                : embed_tokens_->forward(tokens);
     };
     x = dtrain::detail::run_unit(embed_tokens_.get(), embed, input);
+  } else {
+    // A later stage: its slice of the whole activation (Note [sequence
+    // parallel stages], src/tp/tp_gpt_stage.cpp).
+    sequence_parallel = sequence_parallel_ && group_->size() > 1 && input.size(1) % group_->size() == 0;
+    if (sequence_parallel) x = tp::split_sequence(input, group_);
   }
   // The blocks keep the layout until the next forward: a recomputation in
   // backward (activation checkpointing) must see the same one.
@@ -222,7 +225,8 @@ torch::Tensor TPLlamaImpl::forward(torch::Tensor input) {
     layer->set_sequence_parallel(sequence_parallel);
     x = layer(x);
   }
-  return part_.is_last() ? head(x, sequence_parallel) : x;
+  if (part_.is_last()) return head(x, sequence_parallel);
+  return sequence_parallel ? tp::gather_sequence_replicated(x, group_) : x;
 }
 
 torch::Tensor TPLlamaImpl::head(const torch::Tensor& x, bool sequence_parallel) {

@@ -91,7 +91,8 @@ BuiltModel gpt_stage(const TrainConfig& config, const DeviceMesh& mesh) {
   BuiltModel model;
   if (config.tp > 1) {
     const CommPtr tp_group = mesh.comm("tp");
-    model = tensor_parallel_model(models::TPGPTStage(gpt, tp_group, stage, stages, blocks.first, blocks.last), tp_group);
+    model = tensor_parallel_model(
+        models::TPGPTStage(gpt, tp_group, stage, stages, blocks.first, blocks.last, config.sequence_parallel), tp_group);
   } else {
     model = built_model(models::GPTStage(gpt, stage, stages, blocks.first, blocks.last));
   }
@@ -121,7 +122,7 @@ BuiltModel llama_stage(const TrainConfig& config, const DeviceMesh& mesh) {
   BuiltModel model;
   if (config.tp > 1) {
     const CommPtr tp_group = mesh.comm("tp");
-    model = tensor_parallel_model(models::TPLlama(llama, tp_group, /*sequence_parallel=*/false, part), tp_group);
+    model = tensor_parallel_model(models::TPLlama(llama, tp_group, config.sequence_parallel, part), tp_group);
   } else {
     model = built_model(models::Llama(llama, part));
   }

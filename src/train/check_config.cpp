@@ -290,8 +290,6 @@ void check_pipeline_flags(const TrainConfig& c, const ModelSpec& spec, int world
   if (!spec.pipeline_stage)
     fail(pp + " needs ModelSpec::pipeline_stage, the model's division into stages, which --model " + c.model +
          "'s spec does not have");
-  if (c.sequence_parallel)
-    fail(pp + " with --sequence-parallel is not available yet (the stages send whole sequences)");
   if (world_size % (c.pp * c.tp) != 0 && c.cp == 1)
     fail(pp + (c.tp > 1 ? " x --tp " + std::to_string(c.tp) : std::string()) + " does not divide the " +
          std::to_string(world_size) + " ranks (--nproc): the ranks form a " +

@@ -46,22 +46,29 @@ class ChunksImpl : public torch::nn::Module, public DeferredInit {
  public:
   ChunksImpl(const std::vector<std::shared_ptr<torch::nn::Module>>& chunks, const ModelSpec& spec)
       : torch::nn::Module("PipelineChunks"), chunks_(chunks) {
+    auto* first = dynamic_cast<DeferredInit*>(chunks.front().get());
     for (const auto& chunk : chunks) {
       auto* owner = dynamic_cast<DeferredInit*>(chunk.get());
+      if ((owner == nullptr) != (first == nullptr))
+        refuse(spec, "some of its chunks derive from dtrain::DeferredInit and some do not");
+      if (owner && owner->init_seed() != first->init_seed())
+        refuse(spec, "its chunks drew different init seeds (they must draw from LibTorch's default generator "
+                     "only, as the whole model does)");
       for (const auto& item : chunk->named_modules("", /*include_self=*/false)) owners_[item.key()] = owner;
-      if (owner && owner != dynamic_cast<DeferredInit*>(chunks.front().get())) {
-        auto* first = dynamic_cast<DeferredInit*>(chunks.front().get());
-        if (!first || first->init_seed() != owner->init_seed())
-          refuse(spec, "its chunks were initialised from different seeds");
-      }
     }
-    if (auto* first = dynamic_cast<DeferredInit*>(chunks.front().get())) set_init_seed(first->init_seed());
+    if (first) set_init_seed(first->init_seed());
     for (const auto& chunk : chunks) merge(*this, *chunk, "", spec);
   }
 
+  // Only a chunk's own modules hold tensors (merge() refuses them on the
+  // root and on the containers it merges), so each has one chunk to ask.
   void init_module(const std::string& name, torch::nn::Module& module, at::Generator& generator) override {
     const auto owner = owners_.find(name);
-    if (owner == owners_.end() || owner->second == nullptr) return DeferredInit::init_module(name, module, generator);
+    if (owner == owners_.end() || owner->second == nullptr)
+      throw std::invalid_argument("module '" + name + "' (" + module.name() +
+                                  ") of a pipeline chunk was built deferred, but the chunk's model does not derive "
+                                  "from dtrain::DeferredInit, so nothing can initialise it: follow the contract in "
+                                  "dtrain/deferred_init.h");
     owner->second->init_module(name, module, generator);
   }
 
@@ -72,20 +79,21 @@ class ChunksImpl : public torch::nn::Module, public DeferredInit {
   }
 
  private:
+  static bool holds_tensors(const torch::nn::Module& module) {
+    return !module.named_parameters(/*recurse=*/false).is_empty() || !module.named_buffers(/*recurse=*/false).is_empty();
+  }
+
   // Registers `source`'s parameters, buffers and children in `target`
   // under the same names; a child both hold is merged into a new container
-  // the first time, so no chunk's own modules change.
+  // the first time, so no chunk's own modules change. Tensors on the root or
+  // on a module two chunks hold are refused: no one chunk would initialise
+  // them (and a chunk's forward would not see the other's).
   void merge(torch::nn::Module& target, torch::nn::Module& source, const std::string& prefix, const ModelSpec& spec) {
-    for (const auto& item : source.named_parameters(/*recurse=*/false)) {
-      if (target.named_parameters(false).contains(item.key()))
-        refuse(spec, "two chunks hold the parameter '" + prefix + item.key() + "'");
+    if (&target == this && holds_tensors(source))
+      refuse(spec, "a chunk holds parameters or buffers directly on its root module; hold them in a submodule");
+    for (const auto& item : source.named_parameters(/*recurse=*/false))
       target.register_parameter(item.key(), item.value(), item.value().requires_grad());
-    }
-    for (const auto& item : source.named_buffers(/*recurse=*/false)) {
-      if (target.named_buffers(false).contains(item.key()))
-        refuse(spec, "two chunks hold the buffer '" + prefix + item.key() + "'");
-      target.register_buffer(item.key(), item.value());
-    }
+    for (const auto& item : source.named_buffers(/*recurse=*/false)) target.register_buffer(item.key(), item.value());
     for (const auto& item : source.named_children()) {
       const auto held = target.named_children();
       if (!held.contains(item.key())) {
@@ -93,6 +101,8 @@ class ChunksImpl : public torch::nn::Module, public DeferredInit {
         continue;
       }
       std::shared_ptr<torch::nn::Module> existing = held[item.key()];
+      if (holds_tensors(*existing) || holds_tensors(*item.value()))
+        refuse(spec, "two chunks hold the module '" + prefix + item.key() + "' and its parameters or buffers");
       if (!containers_.count(existing.get())) {
         // The first holder's module stays as it is: a container of its own takes both.
         auto container = std::make_shared<torch::nn::Module>(existing->name());
