@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 
 namespace {
 
@@ -61,6 +62,48 @@ models::GPTStage my_stage() {
 
 torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) {
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& parameters, bool sgd) {
+  if (sgd) return std::make_unique<torch::optim::SGD>(parameters, torch::optim::SGDOptions(0.05).momentum(0.9));
+  return std::make_unique<torch::optim::AdamW>(parameters, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+}
+
+// `batch` random windows of the config's length and their next tokens.
+std::pair<torch::Tensor, torch::Tensor> token_batch(int64_t batch, uint64_t seed) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto tokens = torch::randint(0, config().vocab_size, {batch, config().seq_len + 1}, generator);
+  return {tokens.narrow(1, 0, config().seq_len), tokens.narrow(1, 1, config().seq_len)};
+}
+
+// One step of the whole GPT on one process; returns its loss.
+double reference_step(models::GPT& plain, torch::optim::Optimizer& optimizer, const torch::Tensor& inputs,
+                      const torch::Tensor& targets) {
+  optimizer.zero_grad();
+  auto loss = cross_entropy(plain->forward(inputs), targets);
+  loss.backward();
+  optimizer.step();
+  return loss.item<double>();
+}
+
+// The parameters `held` (a stage, or a rank's chunks) equal the whole
+// GPT's of the same name, within the FSDP equivalence tolerances.
+void expect_the_whole_models_parameters(const models::GPT& plain,
+                                        const std::vector<std::shared_ptr<torch::nn::Module>>& held, bool sgd,
+                                        const std::string& where) {
+  const auto reference = named(*plain);
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& module : held)
+    for (const auto& [name, value] : named(*module)) {
+      const double difference = (value - reference.at(name)).abs().max().item<double>();
+      if (difference > worst) {
+        worst = difference;
+        worst_name = name;
+      }
+    }
+  EXPECT_LE(worst, sgd ? 1e-6 : 1e-4) << where << ": largest difference in " << worst_name;
+  if (world().rank() == 0) std::printf("%s: parameters within %.3g of single-process training\n", where.c_str(), worst);
 }
 
 TEST(Pipeline, BlocksAreDividedEvenlyOrAsSplit) {
@@ -102,47 +145,26 @@ void train_and_compare(pp::Schedule schedule, int microbatches, bool sgd) {
   models::GPT plain(config());
   torch::manual_seed(17);
   models::GPTStage stage = my_stage();
-  auto make_optimizer = [&](const std::vector<torch::Tensor>& parameters) -> std::unique_ptr<torch::optim::Optimizer> {
-    if (sgd) return std::make_unique<torch::optim::SGD>(parameters, torch::optim::SGDOptions(0.05).momentum(0.9));
-    return std::make_unique<torch::optim::AdamW>(parameters, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
-  };
-  auto reference_optimizer = make_optimizer(plain->parameters());
-  auto optimizer = make_optimizer(stage->parameters());
+  auto reference_optimizer = make_optimizer(plain->parameters(), sgd);
+  auto optimizer = make_optimizer(stage->parameters(), sgd);
   pp::Pipeline pipeline(world_ptr(), schedule, microbatches);
 
   for (int step = 0; step < 4; ++step) {
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(700 + step);
-    auto tokens = torch::randint(0, config().vocab_size, {kGlobalBatch, config().seq_len + 1}, generator);
-    const auto inputs = tokens.narrow(1, 0, config().seq_len), targets = tokens.narrow(1, 1, config().seq_len);
-
-    reference_optimizer->zero_grad();
-    auto reference_loss = cross_entropy(plain->forward(inputs), targets);
-    reference_loss.backward();
-    reference_optimizer->step();
+    const auto [inputs, targets] = token_batch(kGlobalBatch, 700 + step);
+    const double reference_loss = reference_step(plain, *reference_optimizer, inputs, targets);
 
     optimizer->zero_grad();
     const double loss = pipeline.step([&](const torch::Tensor& x) { return stage->forward(x); }, cross_entropy, inputs,
                                       targets, {kGlobalBatch / microbatches, config().seq_len, config().n_embd});
     pp::sum_tied_gradients(stage->tied_weight(), pipeline);
     optimizer->step();
-    EXPECT_NEAR(loss, reference_loss.item<double>(), 1e-5) << where << ", step " << step;
+    EXPECT_NEAR(loss, reference_loss, 1e-5) << where << ", step " << step;
 
     const int expected = schedule == pp::Schedule::GPipe ? microbatches
                                                          : std::min(world().size() - world().rank(), microbatches);
     EXPECT_EQ(pipeline.max_in_flight(), expected) << where << ": microbatches in flight on stage " << world().rank();
   }
-  const auto reference = named(*plain);
-  double worst = 0;
-  std::string worst_name;
-  for (const auto& [name, value] : named(*stage)) {
-    const double difference = (value - reference.at(name)).abs().max().item<double>();
-    if (difference > worst) {
-      worst = difference;
-      worst_name = name;
-    }
-  }
-  EXPECT_LE(worst, sgd ? 1e-6 : 1e-4) << where << ": largest difference in " << worst_name;
-  if (world().rank() == 0) std::printf("%s: parameters within %.3g of single-process training\n", where.c_str(), worst);
+  expect_the_whole_models_parameters(plain, {stage.ptr()}, sgd, where);
 }
 
 // Evaluation through the stages (forwards only, no gradients) sums what one
@@ -447,50 +469,30 @@ void train_interleaved_and_compare(int chunks, int microbatches, bool sgd) {
     for (const auto& p : chunk->parameters()) mine.push_back(p);
     if (chunk->tied_weight().defined()) tied = chunk->tied_weight();
   }
-  auto make_optimizer = [&](const std::vector<torch::Tensor>& parameters) -> std::unique_ptr<torch::optim::Optimizer> {
-    if (sgd) return std::make_unique<torch::optim::SGD>(parameters, torch::optim::SGDOptions(0.05).momentum(0.9));
-    return std::make_unique<torch::optim::AdamW>(parameters, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
-  };
-  auto reference_optimizer = make_optimizer(plain->parameters());
-  auto optimizer = make_optimizer(mine);
+  auto reference_optimizer = make_optimizer(plain->parameters(), sgd);
+  auto optimizer = make_optimizer(mine, sgd);
   pp::Pipeline pipeline(world_ptr(), pp::Schedule::Interleaved, microbatches, chunks);
   const auto forward = [&](int k, const torch::Tensor& x) { return stages.at(static_cast<size_t>(k))->forward(x); };
   const int64_t batch = 4 * microbatches;
 
   for (int step = 0; step < 3; ++step) {
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(900 + step);
-    auto tokens = torch::randint(0, config().vocab_size, {batch, config().seq_len + 1}, generator);
-    const auto inputs = tokens.narrow(1, 0, config().seq_len), targets = tokens.narrow(1, 1, config().seq_len);
-
-    reference_optimizer->zero_grad();
-    auto reference_loss = cross_entropy(plain->forward(inputs), targets);
-    reference_loss.backward();
-    reference_optimizer->step();
+    const auto [inputs, targets] = token_batch(batch, 900 + step);
+    const double reference_loss = reference_step(plain, *reference_optimizer, inputs, targets);
 
     optimizer->zero_grad();
     const double loss = pipeline.step(forward, cross_entropy, inputs, targets,
                                       {batch / microbatches, config().seq_len, config().n_embd});
     pp::sum_tied_gradients(tied, pipeline);
     optimizer->step();
-    EXPECT_NEAR(loss, reference_loss.item<double>(), 1e-5) << where << ", step " << step;
+    EXPECT_NEAR(loss, reference_loss, 1e-5) << where << ", step " << step;
     // The warmup's forwards and the one of the first backward's turn, or every forward.
     const int s = world().rank();
     const int expected = std::min(microbatches * chunks, 2 * (P - s - 1) + (chunks - 1) * P + 1);
     EXPECT_EQ(pipeline.max_in_flight(), expected) << where << ": chunk-microbatches in flight on rank " << s;
   }
-  const auto reference = named(*plain);
-  double worst = 0;
-  std::string worst_name;
-  for (auto& chunk : stages)
-    for (const auto& [name, value] : named(*chunk)) {
-      const double difference = (value - reference.at(name)).abs().max().item<double>();
-      if (difference > worst) {
-        worst = difference;
-        worst_name = name;
-      }
-    }
-  EXPECT_LE(worst, sgd ? 1e-6 : 1e-4) << where << ": largest difference in " << worst_name;
-  if (world().rank() == 0) std::printf("%s: parameters within %.3g of single-process training\n", where.c_str(), worst);
+  std::vector<std::shared_ptr<torch::nn::Module>> held;
+  for (auto& chunk : stages) held.push_back(chunk.ptr());
+  expect_the_whole_models_parameters(plain, held, sgd, where);
 
   // Evaluation and inference through every chunk equal the whole model's.
   plain->eval();
