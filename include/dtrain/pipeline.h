@@ -172,6 +172,9 @@ class Pipeline {
   friend void sum_tied_gradients(const torch::Tensor& weight, const Pipeline& pipeline);
   bool first_chunk(int chunk) const { return stage() == 0 && chunk == 0; }
   bool last_chunk(int chunk) const { return stage() == stages() - 1 && chunk == chunks_ - 1; }
+  // The chunk on the next rank that this rank's chunk `chunk` feeds: the
+  // same one, but the first rank's next one for the last rank (interleaved).
+  int next_chunk(int chunk) const { return stage() == stages() - 1 ? chunk + 1 : chunk; }
   // The message tag of a microbatch's crossing out of or into a chunk: unique within a step.
   int tag(int microbatch, int chunk) const { return microbatch * chunks_ + chunk; }
   CommPtr group_;
@@ -183,6 +186,7 @@ class Pipeline {
   Schedule schedule_;
   int microbatches_;
   int chunks_;
+  std::vector<Action> actions_;  // this rank's step, schedule_actions' order
   int max_in_flight_ = 0;
 };
 

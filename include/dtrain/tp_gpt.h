@@ -45,6 +45,12 @@ void check_tensor_parallel(const GPTConfig& config, int tp);
 // exactly as GPTImpl::init_module draws it, and this rank's slice kept.
 void init_tp_gpt_module(torch::nn::Module& module, at::Generator& generator);
 
+// A LayerNorm on this rank's sequence slice (sequence parallelism): its
+// replicated parameters enter through copy_to_group, so their gradients are
+// summed over the group's slices. The blocks' norms, and ln_f of TPGPT and
+// of a TPGPTStage.
+torch::Tensor slice_layer_norm(const torch::nn::LayerNorm& norm, const torch::Tensor& x, const CommPtr& group);
+
 class TPGPTBlockImpl : public torch::nn::Module {
  public:
   TPGPTBlockImpl(const GPTConfig& config, CommPtr group);
@@ -57,8 +63,6 @@ class TPGPTBlockImpl : public torch::nn::Module {
 
  private:
   torch::Tensor attention(const torch::Tensor& h, int64_t B, int64_t T);
-  // A LayerNorm on sequence slices: its parameters through copy_to_group.
-  torch::Tensor slice_norm(torch::nn::LayerNorm& norm, const torch::Tensor& x);
 
   CommPtr group_;
   bool sequence_parallel_ = false;

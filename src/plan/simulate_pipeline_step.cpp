@@ -2,8 +2,8 @@
 // it, counting bytes.
 //
 // Note [pipeline memory plan]
-// The stage's microbatches run in the schedule's order (src/pp/pipeline.cpp,
-// Pipeline::step), between the data-parallel engine's step-wide calls
+// The stage's microbatches run in the schedule's order (pp::schedule_actions,
+// src/pp/schedule_actions.cpp, which Pipeline::step runs), between the data-parallel engine's step-wide calls
 // (src/train/trainer.cpp, pipeline_forward_and_backward):
 // - FSDP (Note [pipeline steps] in src/fsdp/fsdp_state.cpp): every unit is
 //   gathered before the first microbatch and stays gathered (per microbatch:
@@ -52,16 +52,6 @@ namespace {
 constexpr Field kActivations = &MemoryBreakdown::activations;
 constexpr Field kGradients = &MemoryBreakdown::gradients;
 
-// The order in which a stage runs its microbatches' forwards (F) and
-// backwards (B), as Pipeline::step issues them (one chunk per rank: the
-// plan does not model interleaving).
-std::vector<std::pair<char, int>> schedule_events(pp::Schedule schedule, int stage, int stages, int microbatches) {
-  std::vector<std::pair<char, int>> events;
-  for (const pp::Action& action : pp::schedule_actions(schedule, stage, stages, 1, microbatches))
-    events.emplace_back(action.forward ? 'F' : 'B', action.microbatch);
-  return events;
-}
-
 class PipelineReplay {
  public:
   PipelineReplay(const ModelSpec& model, const Layout& layout, const FSDPOptions& options, pp::Schedule schedule,
@@ -96,8 +86,12 @@ class PipelineReplay {
     if (!layout_.ddp) gather_for_step();
 
     int in_flight = 0;
-    for (const auto& [kind, m] : schedule_events(schedule_, stage_.stage, stage_.stages, stage_.microbatches)) {
-      if (kind == 'F') {
+    // The stage's forwards and backwards in Pipeline::step's order (one
+    // chunk per rank: the plan does not model interleaving).
+    for (const pp::Action& action :
+         pp::schedule_actions(schedule_, stage_.stage, stage_.stages, /*chunks=*/1, stage_.microbatches)) {
+      const int m = action.microbatch;
+      if (action.forward) {
         forward(m);
         plan_.forward_activation_bytes = std::max(plan_.forward_activation_bytes, t_.now().activations);
         plan_.microbatches_in_flight = std::max(plan_.microbatches_in_flight, ++in_flight);

@@ -40,9 +40,13 @@ std::vector<StageBlocks> divide_blocks(int64_t blocks, int stages, const std::ve
 }
 
 Pipeline::Pipeline(CommPtr group, Schedule schedule, int microbatches, int chunks)
-    : group_(std::move(group)), schedule_(schedule), microbatches_(microbatches), chunks_(chunks) {
+    : group_(std::move(group)),
+      schedule_(schedule),
+      microbatches_(microbatches),
+      chunks_(chunks),
+      // Refuses what cannot run before any split, on every rank alike.
+      actions_(schedule_actions(schedule, group_->rank(), group_->size(), chunks, microbatches)) {
   const int rank = group_->rank(), P = group_->size(), last = P - 1;
-  schedule_actions(schedule, rank, P, chunks, microbatches);  // refuses what cannot run, on every rank alike
   // Link i carries stage i's output to stage i + 1 (the last link, P-1 to 0,
   // only when interleaved). Its communicators have the sender as rank 0 and
   // the receiver as rank 1; every rank takes part in every split.
@@ -92,7 +96,6 @@ double Pipeline::step(const ChunkForward& forward, const StageLoss& loss, const 
                       const torch::Tensor& targets, const std::vector<int64_t>& activation_shape,
                       torch::ScalarType dtype, const BackwardRunner& run_backward_with) {
   const int M = microbatches_;
-  const bool wraps_out = stage() == stages() - 1;  // this rank's chunk k feeds the first rank's chunk k + 1
   const int64_t micro = microbatch_size(inputs, M);
   const auto options = torch::TensorOptions().dtype(dtype);
   // Per chunk: forwarded, not yet backwarded, oldest first (both run a
@@ -127,7 +130,7 @@ double Pipeline::step(const ChunkForward& forward, const StageLoss& loss, const 
       loss_sum += f.output.item<double>();
     } else {
       sends.push_back(activations_out_->send(f.output.detach().to(dtype).contiguous(), peer(activations_out_),
-                                             tag(m, wraps_out ? k + 1 : k)));
+                                             tag(m, next_chunk(k))));
     }
     in_flight[static_cast<size_t>(k)].push_back(std::move(f));
     max_in_flight_ = std::max(max_in_flight_, ++alive);
@@ -142,7 +145,7 @@ double Pipeline::step(const ChunkForward& forward, const StageLoss& loss, const 
       // Gradients cross in the activations' dtype too (Note [stage dtype]).
       gradient = torch::empty(f.output.sizes(), options.device(f.output.device()));
       trace::Span waiting("pp_recv_gradient", trace::category::wait, {{"microbatch", m}, {"chunk", k}});
-      gradients_in_->recv(gradient, peer(gradients_in_), tag(m, wraps_out ? k + 1 : k))->wait();
+      gradients_in_->recv(gradient, peer(gradients_in_), tag(m, next_chunk(k)))->wait();
       gradient = gradient.to(f.output.scalar_type());
     }
     trace::Span computing("pp_backward", trace::category::compute, {{"microbatch", m}, {"chunk", k}});
@@ -157,9 +160,8 @@ double Pipeline::step(const ChunkForward& forward, const StageLoss& loss, const 
     drop_completed_sends();
   };
 
-  const auto actions = schedule_actions(schedule_, stage(), stages(), chunks_, M);
-  const auto last_backward = std::find_if(actions.rbegin(), actions.rend(), [](const Action& a) { return !a.forward; });
-  for (auto a = actions.begin(); a != actions.end(); ++a) {
+  const auto last_backward = std::find_if(actions_.rbegin(), actions_.rend(), [](const Action& a) { return !a.forward; });
+  for (auto a = actions_.begin(); a != actions_.end(); ++a) {
     if (a->forward) {
       run_forward(a->chunk, a->microbatch);
     } else {
@@ -184,7 +186,6 @@ double Pipeline::evaluate(const ChunkForward& forward, const StageLoss& loss, co
                           const torch::Tensor& targets, std::vector<int64_t> activation_shape,
                           torch::ScalarType dtype) {
   torch::NoGradGuard no_grad;
-  const bool wraps_out = stage() == stages() - 1;
   const int64_t batch = inputs.size(0), M = microbatches_;
   std::vector<WorkPtr> sends;
   double sum = 0;
@@ -217,7 +218,7 @@ double Pipeline::evaluate(const ChunkForward& forward, const StageLoss& loss, co
         sum += loss(output, targets.narrow(0, begin, size)).item<double>();
       } else {
         sends.push_back(activations_out_->send(output.to(dtype).contiguous(), peer(activations_out_),
-                                               tag(mb, wraps_out ? k + 1 : k)));
+                                               tag(mb, next_chunk(k))));
       }
     }
     begin += size;
@@ -237,7 +238,6 @@ torch::Tensor Pipeline::infer(const ChunkForward& forward, const torch::Tensor& 
                               const std::vector<int64_t>& activation_shape, const std::vector<int64_t>& output_shape,
                               torch::ScalarType dtype) {
   torch::NoGradGuard no_grad;
-  const bool wraps_out = stage() == stages() - 1;
   torch::Tensor output;
   for (int k = 0; k < chunks_; ++k) {
     torch::Tensor input = inputs;
@@ -246,7 +246,7 @@ torch::Tensor Pipeline::infer(const ChunkForward& forward, const torch::Tensor& 
       activations_in_->recv(input, peer(activations_in_), tag(0, k))->wait();
     }
     output = forward(k, input).to(dtype).contiguous();
-    if (!last_chunk(k)) activations_out_->send(output, peer(activations_out_), tag(0, wraps_out ? k + 1 : k))->wait();
+    if (!last_chunk(k)) activations_out_->send(output, peer(activations_out_), tag(0, next_chunk(k)))->wait();
   }
   if (stage() < stages() - 1) output = torch::empty(output_shape, torch::TensorOptions().dtype(dtype));
   group_->blocking().broadcast(output, stages() - 1);

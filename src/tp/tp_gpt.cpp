@@ -48,9 +48,9 @@ torch::Tensor TPGPTBlockImpl::attention(const torch::Tensor& h, int64_t B, int64
   return y.transpose(1, 2).reshape({B, T, local_C});
 }
 
-torch::Tensor TPGPTBlockImpl::slice_norm(torch::nn::LayerNorm& norm, const torch::Tensor& x) {
-  return torch::layer_norm(x, norm->options.normalized_shape(), tp::copy_to_group(norm->weight, group_),
-                           tp::copy_to_group(norm->bias, group_), norm->options.eps());
+torch::Tensor slice_layer_norm(const torch::nn::LayerNorm& norm, const torch::Tensor& x, const CommPtr& group) {
+  return torch::layer_norm(x, norm->options.normalized_shape(), tp::copy_to_group(norm->weight, group),
+                           tp::copy_to_group(norm->bias, group), norm->options.eps());
 }
 
 torch::Tensor TPGPTBlockImpl::forward(torch::Tensor x) {
@@ -66,10 +66,10 @@ torch::Tensor TPGPTBlockImpl::forward(torch::Tensor x) {
   // Dropout on the sequence slice: the whole [B,T,C] mask drawn, this slice's part applied.
   const std::vector<int64_t> whole{B, T, x.size(2)};
   const int64_t first = group_->rank() * x.size(1);
-  auto h = qkv_->forward_gathered(tp::gather_sequence(slice_norm(ln_1_, x), group_));
+  auto h = qkv_->forward_gathered(tp::gather_sequence(slice_layer_norm(ln_1_, x, group_), group_));
   x = x + models::dropout_of_slice(attn_proj_->forward_sequence_parallel(attention(h, B, T)), dropout_, training, whole,
                                    1, first);
-  h = models::gpt_activation(config_, mlp_fc_->forward_gathered(tp::gather_sequence(slice_norm(ln_2_, x), group_)));
+  h = models::gpt_activation(config_, mlp_fc_->forward_gathered(tp::gather_sequence(slice_layer_norm(ln_2_, x, group_), group_)));
   return x + models::dropout_of_slice(mlp_proj_->forward_sequence_parallel(h), dropout_, training, whole, 1, first);
 }
 
@@ -144,8 +144,7 @@ torch::Tensor TPGPTImpl::forward_sequence_parallel(const torch::Tensor& tokens) 
            torch::embedding(tp::copy_to_group(wpe_->weight, group_), positions);
   x = models::dropout_of_slice(x, config_.dropout, is_training(), {tokens.size(0), T, config_.n_embd}, 1, first);
   for (auto& block : block_calls_) x = block(x);
-  x = torch::layer_norm(x, ln_f_->options.normalized_shape(), tp::copy_to_group(ln_f_->weight, group_),
-                        tp::copy_to_group(ln_f_->bias, group_), ln_f_->options.eps());
+  x = slice_layer_norm(ln_f_, x, group_);
   // The tied head over whole sequences; gather_sequence's backward sums the
   // ranks' vocabulary slices' contributions, as copy_to_group does.
   return tp::gather_sequence(x, group_).matmul(wte_->weight.t());

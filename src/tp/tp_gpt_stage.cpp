@@ -86,11 +86,8 @@ torch::Tensor TPGPTStageImpl::forward(torch::Tensor input) {
   const auto head = [this, sequence_parallel](const torch::Tensor& h) {
     return (sequence_parallel ? tp::gather_sequence(h, group_) : tp::copy_to_group(h, group_)).matmul(wte_->weight.t());
   };
-  const torch::Tensor normed =
-      sequence_parallel ? torch::layer_norm(x, ln_f_->options.normalized_shape(), tp::copy_to_group(ln_f_->weight, group_),
-                                            tp::copy_to_group(ln_f_->bias, group_), ln_f_->options.eps())
-                        : ln_f_->forward(x);
-  return dtrain::detail::run_unit(wte_.get(), head, normed);
+  return dtrain::detail::run_unit(wte_.get(), head,
+                                  sequence_parallel ? slice_layer_norm(ln_f_, x, group_) : ln_f_->forward(x));
 }
 
 torch::Tensor TPGPTStageImpl::loss(const torch::Tensor& logits_slice, const torch::Tensor& targets) const {

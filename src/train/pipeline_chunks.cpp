@@ -20,6 +20,14 @@ namespace {
 // The place a chunk's build asks for; unset outside build_chunks (this thread).
 thread_local std::optional<PipelinePlace> building;
 
+// Names the place for the chunk built in its lifetime.
+struct BuildingChunk {
+  explicit BuildingChunk(PipelinePlace place) { building = place; }
+  ~BuildingChunk() { building.reset(); }
+  BuildingChunk(const BuildingChunk&) = delete;
+  BuildingChunk& operator=(const BuildingChunk&) = delete;
+};
+
 }  // namespace
 
 PipelinePlace pipeline_place(const DeviceMesh& mesh) {
@@ -142,14 +150,10 @@ PipelineChunks build_chunks(const TrainConfig& config, const DeviceMesh& mesh, c
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(start);
     }
-    building = PipelinePlace{rank + k * P, P * v};
-    try {
+    {
+      const BuildingChunk place({rank + k * P, P * v});
       chunks.push_back(spec.pipeline_stage(config, mesh));
-    } catch (...) {
-      building.reset();
-      throw;
     }
-    building.reset();
     if (!chunks.back().module || !chunks.back().forward)
       refuse(spec, "chunk " + std::to_string(k) + " came without its module or forward");
   }

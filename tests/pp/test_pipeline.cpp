@@ -418,7 +418,9 @@ TEST(Pipeline, InterleavedScheduleRunsEveryChunkOnceWithoutACycleOfWaits) {
         for (int s = 0; s < P; ++s) {
           std::map<std::tuple<bool, int, int>, int> seen;
           for (const auto& a : pp::schedule_actions(pp::Schedule::Interleaved, s, P, v, M)) {
-            if (!a.forward) EXPECT_EQ(seen.count({true, a.chunk, a.microbatch}), 1u) << where << ": backward before forward";
+            if (!a.forward) {
+              EXPECT_EQ(seen.count({true, a.chunk, a.microbatch}), 1u) << where << ": backward before forward";
+            }
             ++seen[{a.forward, a.chunk, a.microbatch}];
           }
           EXPECT_EQ(seen.size(), static_cast<size_t>(2 * v * M)) << where << ", rank " << s;
