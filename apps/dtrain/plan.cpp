@@ -86,9 +86,6 @@ void check_context_parallel_flags(const PlanFlags& f, const ModelSpec& spec) {
   if (f.sequence_parallel && (f.seq_len / f.cp) % f.tp != 0)
     throw std::invalid_argument("--sequence-parallel with " + cp + " and --tp " + std::to_string(f.tp) +
                                 " needs --seq-len divisible by " + std::to_string(f.cp * f.tp) + " (as dtrain train)");
-  if (f.pp > 1)
-    throw std::invalid_argument(cp + " with --pp " + std::to_string(f.pp) + " is not planned yet (dtrain train runs it; "
-                                "the stages' descriptions do not split the sequence): plan one of them at a time");
   if (f.activation_checkpointing == "on")
     throw std::invalid_argument(cp + " with --activation-checkpointing on is not planned yet (the recompute passes the "
                                 "ring again): plan one of them at a time");
@@ -109,9 +106,6 @@ void check_pipeline_flags(const PlanFlags& f, const ModelSpec& spec) {
   if (!spec.plan_stage_description)
     throw std::invalid_argument(pp + " needs ModelSpec::plan_stage_description, a description of the model's pipeline "
                                 "stages, which --model " + f.model + "'s spec does not have");
-  if (f.sequence_parallel)
-    throw std::invalid_argument(pp + " with --sequence-parallel is not planned yet (dtrain train runs it; plan "
-                                "--pp without it for an upper bound of the stages' activations)");
   if (f.probe)
     throw std::invalid_argument("--probe measures a whole model or a tensor-parallel slice of it, not a pipeline stage: "
                                 "leave out --probe or " + pp);
@@ -302,7 +296,7 @@ void print_pipeline(const Resolved& r, const plan::Plan& p) {
     std::printf("Units gathered %s (--pp-gather %s).\n",
                 r.options.gather_per_microbatch ? "for each microbatch's forward and backward" : "once for the step",
                 r.options.gather_per_microbatch ? "microbatch" : "step");
-  std::printf("Every stage (at this rank's dp%s coordinate):\n", r.tp > 1 ? " and tp" : "");
+  std::printf("Every stage (at this rank's dp%s%s coordinate):\n", r.cp > 1 ? ", cp" : "", r.tp > 1 ? " and tp" : "");
   std::printf("  %-6s %-14s %12s %12s %10s %14s\n", "stage", "", "step peak", "start peak", "in flight", "pp sends/step");
   const auto plans = stage_plans(r);
   for (size_t s = 0; s < plans.size(); ++s) {
@@ -325,7 +319,9 @@ void print(const Resolved& r, const plan::Plan& p) {
                                       : " (the root and one per block)");
   const bool ddp = p.strategy == "ddp";
   std::printf("  strategy %s, %d rank(s)", p.strategy.c_str(), r.nproc);
-  if (r.cp > 1)
+  if (r.cp > 1 && r.pp > 1)
+    std::printf(", mesh (dp=%d, pp=%d, cp=%d, tp=%d): %s over dp x cp", r.dp, r.pp, r.cp, r.tp, p.strategy.c_str());
+  else if (r.cp > 1)
     std::printf(", mesh (dp=%d, cp=%d, tp=%d): %s over dp x cp", r.dp, r.cp, r.tp, p.strategy.c_str());
   else if (r.pp > 1)
     std::printf(", mesh (dp=%d, pp=%d, tp=%d): %s over dp", p.world_size, r.pp, r.tp, p.strategy.c_str());

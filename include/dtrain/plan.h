@@ -120,6 +120,11 @@ struct ModelSpec {
     // pp::sum_tied_gradients sums its gradients over the two. Otherwise the
     // embedding and the head are the root's.
     bool tied_unit = false;
+    // What a stage before the last keeps of each microbatch's output beyond
+    // its units' activations, until that microbatch's backward: under
+    // sequence parallelism the whole activation gathered from the blocks'
+    // slices (Note [sequence parallel stages], src/tp/tp_gpt_stage.cpp).
+    int64_t output_bytes = 0;
     bool first() const { return stage == 0; }
     bool last() const { return stage == stages - 1; }
   } pipeline;
@@ -156,9 +161,14 @@ ModelSpec describe_tp_gpt(const models::GPTConfig& config, int64_t batch_per_ran
 // collectives for the step's microbatches. Plan it with make_plan and
 // PlanOptions::schedule at world_size = the data-parallel size. Throws
 // std::invalid_argument when stages < 2, the blocks cannot fill the stages,
-// or the batch does not split into the microbatches.
+// or the batch does not split into the microbatches. With sequence_parallel
+// (tp > 1) the blocks run on sequence slices and the stage's input and
+// output stay whole (Note [sequence parallel stages]); with cp > 1 the stage
+// holds T / cp tokens of each sequence and its blocks run ring attention, as
+// describe_tp_gpt's.
 ModelSpec describe_gpt_stage(const models::GPTConfig& config, int64_t batch_per_rank, int microbatches,
-                             torch::ScalarType compute_dtype, int stage, int stages, int tp = 1);
+                             torch::ScalarType compute_dtype, int stage, int stages, int tp = 1,
+                             bool sequence_parallel = false, int cp = 1);
 // Llama as dtrain::models::Llama builds it (tp = 1), or one rank's slice of
 // models::TPLlama on a tensor-parallel group of `tp` ranks, optionally with
 // sequence parallelism: the root holds embed_tokens, norm and the untied
@@ -177,7 +187,8 @@ ModelSpec describe_llama(const models::LlamaConfig& config, int64_t batch_per_ra
 // first stage and norm and lm_head on the last, or with a tied head
 // embed_tokens is a unit of its own on both ends.
 ModelSpec describe_llama_stage(const models::LlamaConfig& config, int64_t batch_per_rank, int microbatches,
-                               torch::ScalarType compute_dtype, int stage, int stages, int tp = 1);
+                               torch::ScalarType compute_dtype, int stage, int stages, int tp = 1,
+                             bool sequence_parallel = false, int cp = 1);
 // MLP and CNN as dtrain::models builds them. Their root module is not a
 // torch::nn::Sequential and holds no Sharded<> children, so under the default
 // wrap policy the whole model is one unit: the root.

@@ -59,8 +59,9 @@ ModelSpec describe_llama(const models::LlamaConfig& config, int64_t batch_per_ra
     model.description = describe_llama(config, 1, compute_dtype, tp, sequence_parallel).description +
                         ", context-parallel over " + std::to_string(cp) + " ranks (" + std::to_string(local.seq_len) +
                         " tokens of each sequence per rank)";
-    detail::add_ring_attention(model, cp, batch_per_rank * local.seq_len, config.dim / tp,
-                               static_cast<int64_t>(c10::elementSize(compute_dtype)));
+    const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
+    const int64_t F = config.ffn_dim > 0 ? config.ffn_dim : models::default_ffn_dim(config.dim);
+    detail::add_ring_attention(model, cp, batch_per_rank * local.seq_len, config.dim / tp, e, 4 * F / tp * e);
     return model;
   }
   if (batch_per_rank < 1)
@@ -191,11 +192,15 @@ ModelSpec describe_llama(const models::LlamaConfig& config, int64_t batch_per_ra
 }
 
 ModelSpec describe_llama_stage(const models::LlamaConfig& config, int64_t batch_per_rank, int microbatches,
-                               torch::ScalarType compute_dtype, int stage, int stages, int tp) {
+                               torch::ScalarType compute_dtype, int stage, int stages, int tp,
+                               bool sequence_parallel, int cp) {
   detail::check_stage(batch_per_rank, microbatches, stage, stages);
   const auto blocks = pp::divide_blocks(config.n_layer, stages)[static_cast<size_t>(stage)];
   const int64_t micro = batch_per_rank / microbatches;
-  const ModelSpec whole = describe_llama(config, micro, compute_dtype, tp);
+  sequence_parallel = sequence_parallel && tp > 1;
+  // The whole model at one microbatch and this rank's T / cp tokens.
+  const ModelSpec whole = describe_llama(config, micro, compute_dtype, tp, sequence_parallel, cp);
+  const int64_t T = cp > 1 ? detail::context_parallel_tokens(config.seq_len, cp) : config.seq_len;
   const UnitSpec& whole_root = whole.units[0];
   const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
   const int64_t embedding_numel = config.vocab_size / tp * config.dim;
@@ -211,7 +216,13 @@ ModelSpec describe_llama_stage(const models::LlamaConfig& config, int64_t batch_
   model.tensor_parallel = tp;
   model.input_bytes = whole.input_bytes * microbatches;  // every stage loads the part's tokens and targets
   // Sent in the compute dtype (Note [stage dtype] in dtrain/pipeline.h).
-  model.pipeline = {stage, stages, microbatches, micro * config.seq_len * config.dim * e, tied && (first || last)};
+  model.pipeline = {stage, stages, microbatches, micro * T * config.dim * e, tied && (first || last)};
+  // Under sequence parallelism the gathered whole output replaces the last
+  // block's slice (which fp32 counts as the residual stream's; Note
+  // [sequence parallel stages] in src/tp/tp_gpt_stage.cpp).
+  if (sequence_parallel && !last)
+    model.pipeline.output_bytes =
+        model.pipeline.message_bytes - (e == detail::kFloatBytes ? model.pipeline.message_bytes / tp : 0);
 
   // The stage module (src/models/llama.cpp): untied, embed_tokens on the
   // first stage and norm and lm_head on the last belong to the root; tied,
@@ -242,7 +253,13 @@ ModelSpec describe_llama_stage(const models::LlamaConfig& config, int64_t batch_
   }
 
   const int64_t stage_blocks = blocks.last - blocks.first;
-  detail::add_stage_tp_collectives(model, tp, stage_blocks, micro * config.seq_len, config.dim * e);
+  detail::add_stage_tp_collectives(model, tp, stage_blocks, micro * T, config.dim * e, sequence_parallel);
+  if (sequence_parallel) {  // the RMSNorm weights used on sequence slices sum their gradients
+    const int64_t calls = (2 * stage_blocks + (last ? 1 : 0)) * microbatches;
+    model.collectives.push_back(
+        {"all_reduce", "replicated grads, tensor parallel", tp, calls, calls * config.dim * e, 0});
+  }
+  detail::add_ring_sends(model, cp, stage_blocks * microbatches, micro * T, config.dim / tp, e);
   if (tp > 1) {
     if (!models::splits_kv_heads(config, tp)) {
       const int64_t kv_weight = config.n_kv_head * (config.dim / config.n_head) * config.dim;

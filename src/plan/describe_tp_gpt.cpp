@@ -43,7 +43,9 @@ ModelSpec describe_tp_gpt(const models::GPTConfig& config, int64_t batch_per_ran
     model.description = describe_tp_gpt(config, 1, compute_dtype, tp, sequence_parallel).description +
                         ", context-parallel over " + std::to_string(cp) + " ranks (" + std::to_string(local.seq_len) +
                         " tokens of each sequence per rank)";
-    detail::add_ring_attention(model, cp, batch_per_rank * local.seq_len, config.n_embd / tp, e);
+    // The MLP keeps mlp_fc's and gelu's outputs, 4C / tp wide each.
+    detail::add_ring_attention(model, cp, batch_per_rank * local.seq_len, config.n_embd / tp, e,
+                               8 * config.n_embd / tp * e);
     return model;
   }
   if (tp == 1) return describe_gpt(config, batch_per_rank, compute_dtype);

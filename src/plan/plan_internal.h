@@ -64,8 +64,13 @@ void check_stage(int64_t batch_per_rank, int microbatches, int stage, int stages
 // per microbatch of `tokens` tokens an all-reduce of `token_bytes` per token
 // after each row-parallel layer and before each column-parallel one (4 per
 // block), the embedding's on the first stage and the head input's on the
-// last, and the loss's three on the last. Nothing for tp = 1.
-void add_stage_tp_collectives(ModelSpec& model, int tp, int64_t blocks, int64_t tokens, int64_t token_bytes);
+// last, and the loss's three on the last. Under sequence parallelism each
+// all-reduce is an all-gather and a reduce-scatter, and the stage's
+// boundaries add an all-gather each (Note [sequence parallel stages] in
+// src/tp/tp_gpt_stage.cpp: a stage before the last gathers its output, and
+// a stage after the first gathers its input's gradient). Nothing for tp = 1.
+void add_stage_tp_collectives(ModelSpec& model, int tp, int64_t blocks, int64_t tokens, int64_t token_bytes,
+                              bool sequence_parallel);
 // The tokens of a sequence of `seq_len` one of `cp` ranks holds; throws
 // std::invalid_argument unless 2 cp divides seq_len (head and tail chunks).
 int64_t context_parallel_tokens(int64_t seq_len, int cp);
@@ -74,6 +79,14 @@ int64_t context_parallel_tokens(int64_t seq_len, int cp);
 // rank (batch x T / cp), attention `width` (its heads x head_dim on this
 // rank): what every block (units[1...]) keeps and holds besides, and the
 // ring's sends (Note [ring attention plan], describe_context_parallel.cpp).
-void add_ring_attention(ModelSpec& model, int cp, int64_t local_tokens, int64_t width, int64_t compute_bytes);
+// `mlp_bytes_per_token`: the MLP activations per token that a block's
+// backward frees before it reaches attention.
+void add_ring_attention(ModelSpec& model, int cp, int64_t local_tokens, int64_t width, int64_t compute_bytes,
+                        int64_t mlp_bytes_per_token);
+// The ring's sends alone, for `block_passes` passes of a block's attention
+// (forward and backward) over `local_tokens`: a pipeline stage's blocks
+// times its microbatches.
+void add_ring_sends(ModelSpec& model, int cp, int64_t block_passes, int64_t local_tokens, int64_t width,
+                    int64_t compute_bytes);
 
 }  // namespace dtrain::plan::detail

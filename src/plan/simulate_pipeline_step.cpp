@@ -34,8 +34,10 @@
 //   planned as until the end of its next backward, when the pipeline drops
 //   completed sends (the stage before receives it in its own backward of
 //   the same microbatch).
-// - The last stage's forward output is what it sends on, so it costs
-//   nothing beyond the block's saved output.
+// - A stage's forward output is what it sends on, so it costs nothing
+//   beyond the block's saved output; under sequence parallelism the whole
+//   output gathered from the slices costs what PipelineStage::output_bytes
+//   says, until the microbatch's backward has run.
 #include "plan/plan_internal.h"
 #include "plan/replay.h"
 #include "fsdp/schedule_rules.h"
@@ -177,6 +179,7 @@ class PipelineReplay {
       t_.mark("forward" + of(m) + ": " + display(model_.units[u]));
       leave_forward(u);
     }
+    if (!stage_.last()) t_.add(kActivations, stage_.output_bytes);  // kept until its backward
     if (stage_.last()) {
       // ln_f's output, the log-probabilities kept for the loss's backward,
       // and for a moment the logits they came from.
@@ -252,7 +255,7 @@ class PipelineReplay {
       t_.mark_with(kActivations, stage_.message_bytes, "backward" + of(m) + ": the input's gradient");
       t_.remove(kActivations, stage_.message_bytes);
     }
-    if (!stage_.last()) t_.remove(kActivations, stage_.message_bytes);  // the gradient received
+    if (!stage_.last()) t_.remove(kActivations, stage_.message_bytes + stage_.output_bytes);  // and the output
     // The pipeline drops the previous backward's send (completed by now).
     t_.remove(kActivations, held_send_);
     held_send_ = stage_.first() ? 0 : stage_.message_bytes;

@@ -1,6 +1,7 @@
 // dtrain plan (include/dtrain/plan.h): its units are the units FSDP builds,
 // its sharded state is 1/N of the model up to padding, and its peak is what
 // the tracking allocator measures on the same run. Runs on 1 and 2 ranks.
+#include <dtrain/context_parallel.h>
 #include <dtrain/ddp.h>
 #include <dtrain/fsdp.h>
 #include <dtrain/gpt_stage.h>
@@ -372,15 +373,29 @@ TEST(Measured, PipelinePeakMatchesThePlan) {
   constexpr int kMicrobatches = 4;
   constexpr int64_t kPart = 2 * kMicrobatches;  // windows per dp rank
   namespace pp = dtrain::pp;
+  // The stage's blocks whole, tensor-parallel, on sequence slices, or on a
+  // ring's shards (the engine then over dp x cp).
+  struct Layout {
+    int tp = 1;
+    bool sequence_parallel = false;
+    int cp = 1;
+  };
   for (int stages = 2; stages <= world().size(); ++stages) {
-   for (const int tp : {1, 2}) {
-    if (world().size() % (stages * tp) != 0) continue;
+   for (const Layout layout : {Layout{1}, Layout{2}, Layout{2, true}, Layout{1, false, 2}}) {
+    const int tp = layout.tp, cp = layout.cp;
+    if (world().size() % (stages * tp * cp) != 0) continue;
+    if ((layout.sequence_parallel || cp > 1) && stages > 2) continue;  // one representative each
     std::vector<std::pair<std::string, int>> dimensions{{"dp", -1}, {"pp", stages}};
+    if (cp > 1) dimensions.emplace_back("cp", cp);
     if (tp > 1) dimensions.emplace_back("tp", tp);
-    const dtrain::DeviceMesh mesh(world_ptr(), dimensions);
+    dtrain::DeviceMesh mesh(world_ptr(), dimensions);  // flatten adds a group
+    const dtrain::CommPtr engine_group = cp > 1 ? mesh.flatten({"dp", "cp"}, "dp_cp") : mesh.comm("dp");
+    std::optional<dtrain::cp::ContextParallel> context;
+    if (cp > 1) context.emplace(mesh.comm("cp"));
     const int stage = mesh.rank("pp");
     const auto blocks = pp::divide_blocks(config.n_layer, stages)[static_cast<size_t>(stage)];
-    const auto spec = plan::describe_gpt_stage(config, kPart, kMicrobatches, torch::kFloat32, stage, stages, tp);
+    const auto spec = plan::describe_gpt_stage(config, kPart, kMicrobatches, torch::kFloat32, stage, stages, tp,
+                                               layout.sequence_parallel, cp);
     for (const auto schedule : {pp::Schedule::GPipe, pp::Schedule::OneFOneB}) {
       // Sharded strategies also with every unit gathered per microbatch.
       const std::vector<std::pair<std::string, bool>> runs{
@@ -401,19 +416,21 @@ TEST(Measured, PipelinePeakMatchesThePlan) {
             if (tp == 1)
               module = dtrain::models::GPTStage(config, stage, stages, blocks.first, blocks.last).ptr();
             else
-              module = dtrain::models::TPGPTStage(config, mesh.comm("tp"), stage, stages, blocks.first, blocks.last).ptr();
+              module = dtrain::models::TPGPTStage(config, mesh.comm("tp"), stage, stages, blocks.first, blocks.last,
+                                                  layout.sequence_parallel)
+                           .ptr();
           }
           std::unique_ptr<dtrain::DistributedDataParallelBase> ddp;
           std::unique_ptr<dtrain::FullyShardedBase> fsdp;
           torch::Tensor tied;
           std::vector<torch::Tensor> parameters;
           if (strategy == "ddp") {
-            ddp = std::make_unique<dtrain::DistributedDataParallelBase>(module, mesh.comm("dp"), dtrain::DDPOptions{});
+            ddp = std::make_unique<dtrain::DistributedDataParallelBase>(module, engine_group, dtrain::DDPOptions{});
             parameters = ddp->parameters();
             for (const auto& item : module->named_parameters())
               if (item.key() == "wte.weight") tied = item.value();
           } else {
-            fsdp = std::make_unique<dtrain::FullyShardedBase>(module, mesh.comm("dp"), resolved.fsdp);
+            fsdp = std::make_unique<dtrain::FullyShardedBase>(module, engine_group, resolved.fsdp);
             parameters = fsdp->parameters();
             for (const auto& shard : fsdp->parameter_shards())
               if (shard.name == "wte.weight") tied = shard.parameter;
@@ -435,6 +452,10 @@ TEST(Measured, PipelinePeakMatchesThePlan) {
           torch::manual_seed(1 + mesh.rank("dp"));
           auto tokens = torch::randint(0, config.vocab_size, {kPart, config.seq_len}, torch::kLong);
           auto targets = torch::randint(0, config.vocab_size, {kPart, config.seq_len}, torch::kLong);
+          if (context) {
+            tokens = context->shard(tokens, 1);
+            targets = context->shard(targets, 1);
+          }
           const auto loss = [&](const torch::Tensor& logits, const torch::Tensor& t) {
             if (tp == 1) return torch::nn::functional::cross_entropy(logits.flatten(0, -2), t.flatten());
             return static_cast<dtrain::models::TPGPTStageImpl&>(*module).loss(logits, t).mean();
@@ -449,9 +470,11 @@ TEST(Measured, PipelinePeakMatchesThePlan) {
           for (int step = 0; step < 3; ++step) {
             dtrain::memory::reset_peak();
             {
+              std::optional<dtrain::cp::ContextParallel::Scope> on_shards;
+              if (context) on_shards.emplace(*context);
               optimizer.zero_grad();
               if (fsdp) fsdp->gather_for_step(per_microbatch);
-              pipeline.step(forward, loss, tokens, targets, {kPart / kMicrobatches, config.seq_len, config.n_embd},
+              pipeline.step(forward, loss, tokens, targets, {kPart / kMicrobatches, tokens.size(1), config.n_embd},
                             torch::kFloat32, [&](bool sync, const std::function<void()>& backward) {
                               if (sync || !ddp) return backward();
                               auto guard = ddp->no_sync();
@@ -467,13 +490,14 @@ TEST(Measured, PipelinePeakMatchesThePlan) {
         }
         plan::PlanOptions options;
         plan::set_strategy(options, strategy);
-        options.world_size = mesh.size("dp");
-        options.rank = mesh.rank("dp");
+        options.world_size = engine_group->size();
+        options.rank = engine_group->rank();
         options.schedule = schedule;
         options.gather_per_microbatch = per_microbatch;
         const auto planned = plan::make_plan(spec, options);
         const double ratio = static_cast<double>(measured) / static_cast<double>(planned.peak.total());
-        const std::string where = strategy + (per_microbatch ? " (per microbatch)" : "") + " " +
+        const std::string where = strategy + (per_microbatch ? " (per microbatch)" : "") +
+                                  (layout.sequence_parallel ? " sequence parallel" : "") + " " +
                                   pp::schedule_name(schedule) + " on " + mesh.describe() +
                                   ", stage " + std::to_string(stage);
         std::printf("  rank %d, %s: measured %lld bytes, planned %lld (%.4f) at %s\n", world().rank(), where.c_str(),
@@ -483,8 +507,8 @@ TEST(Measured, PipelinePeakMatchesThePlan) {
                                       << planned.peak.total() << " at " << planned.peak_moment;
         int64_t planned_gathers = 0;
         for (const auto& c : planned.collectives)
-          if (c.op == "all_gather") planned_gathers += c.calls;
-        if (strategy != "ddp" && mesh.size("dp") > 1) {
+          if (c.op == "all_gather" && c.what.find("parallel") == std::string::npos) planned_gathers += c.calls;
+        if (strategy != "ddp" && engine_group->size() > 1) {
           EXPECT_EQ(gathers, planned_gathers) << where << ": the engine's all-gathers in a step against the plan's";
         }
       }

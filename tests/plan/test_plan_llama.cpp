@@ -284,16 +284,97 @@ TEST(MeasuredLlama, ContextParallelPeakMatchesThePlan) {
   }
 }
 
+// One stage's measured step peak, run as dtrain train --pp runs it (the
+// tied head's gradients summed over the end stages): on `mesh`'s pp and tp
+// dimensions, the engine over `engine_group`, under `context`'s ring when
+// there is one (--cp: the stage holds T / cp tokens of each sequence).
+struct StageRun {
+  dtrain::models::LlamaConfig config;
+  int microbatches = 4;
+  int64_t part = 8;  // windows per dp group
+  pp::Schedule schedule = pp::Schedule::OneFOneB;
+  bool sequence_parallel = false;
+  const dtrain::cp::ContextParallel* context = nullptr;
+};
+
+int64_t measured_stage_peak(const StageRun& s, const dtrain::DeviceMesh& mesh, const dtrain::CommPtr& engine_group,
+                            const PlannedRun& run, const plan::PlanOptions& options, const plan::ModelSpec& spec,
+                            const std::string& where) {
+  const auto& config = s.config;
+  const bool tied = config.tie_embeddings;
+  const int stages = mesh.size("pp"), stage = mesh.rank("pp");
+  const int tp = mesh.has("tp") ? mesh.size("tp") : 1;
+  const auto blocks = pp::divide_blocks(config.n_layer, stages)[static_cast<size_t>(stage)];
+  const dtrain::models::LlamaPart part{stage, stages, blocks.first, blocks.last};
+  world().barrier()->wait();
+  const int64_t before = dtrain::memory::live_bytes();
+  torch::manual_seed(0);
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(const torch::Tensor&)> stage_forward;
+  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
+  {
+    std::optional<dtrain::DeferredConstruction> deferred;
+    if (run.strategy != "ddp") deferred.emplace();
+    if (tp == 1) {
+      auto llama = dtrain::models::Llama(config, part);
+      module = llama.ptr();
+      stage_forward = [llama](const torch::Tensor& x) mutable { return llama->forward(x); };
+      loss = [](const torch::Tensor& logits, const torch::Tensor& t) {
+        return torch::nn::functional::cross_entropy(logits.flatten(0, -2), t.flatten());
+      };
+    } else {
+      auto llama = dtrain::models::TPLlama(config, mesh.comm("tp"), s.sequence_parallel, part);
+      module = llama.ptr();
+      stage_forward = [llama](const torch::Tensor& x) mutable { return llama->forward(x); };
+      loss = [llama](const torch::Tensor& logits, const torch::Tensor& t) { return llama->loss(logits, t).mean(); };
+    }
+  }
+  Engine engine(module, engine_group, run.strategy, options.fsdp);
+  expect_units(engine, spec, where);
+  torch::Tensor tied_weight;
+  if (tied && (stage == 0 || stage == stages - 1)) {
+    if (engine.fsdp) {
+      for (const auto& shard : engine.fsdp->parameter_shards())
+        if (shard.name == "embed_tokens.weight") tied_weight = shard.parameter;
+    } else {
+      for (const auto& item : module->named_parameters())
+        if (item.key() == "embed_tokens.weight") tied_weight = item.value();
+    }
+  }
+  torch::optim::AdamW optimizer(engine.parameters, torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
+  pp::Pipeline pipeline(mesh.comm("pp"), s.schedule, s.microbatches);
+  torch::manual_seed(1 + mesh.rank("dp"));
+  auto tokens = torch::randint(0, config.vocab_size, {s.part, config.seq_len}, torch::kLong);
+  auto targets = torch::randint(0, config.vocab_size, {s.part, config.seq_len}, torch::kLong);
+  if (s.context) {
+    tokens = s.context->shard(tokens, 1);
+    targets = s.context->shard(targets, 1);
+  }
+  const int64_t local_tokens = tokens.size(1);
+  return measured_step_peak(before, optimizer, [&] {
+    std::optional<dtrain::cp::ContextParallel::Scope> on_shards;
+    if (s.context) on_shards.emplace(*s.context);
+    if (engine.fsdp) engine.fsdp->gather_for_step(false);
+    pipeline.step([&](const torch::Tensor& x) { return engine.forward(stage_forward, x); }, loss, tokens, targets,
+                  {s.part / s.microbatches, local_tokens, config.dim}, torch::kFloat32,
+                  [&](bool sync, const std::function<void()>& backward) {
+                    if (sync || !engine.ddp) return backward();
+                    auto guard = engine.ddp->no_sync();
+                    backward();
+                  });
+    if (engine.fsdp) engine.fsdp->reduce_step_gradients();
+    if (tied) pp::sum_tied_gradients(tied_weight, pipeline);
+  });
+}
+
 // Each stage on every (dp, pp, tp) mesh of the world with pp > 1 and tp of
-// 1 or 2, both schedules, run as dtrain train --pp runs it (the tied head's
-// gradients summed over the end stages).
+// 1 or 2, both schedules.
 TEST(MeasuredLlama, PipelinePeakMatchesThePlan) {
   if (world().size() < 2) GTEST_SKIP() << "a pipeline needs two ranks";
   dtrain::memory::install_tracking_allocator();
-  constexpr int kMicrobatches = 4;
-  constexpr int64_t kPart = 2 * kMicrobatches;  // windows per dp rank
   for (const bool tied : {false, true}) {
-    const auto config = measured_llama(tied);
+    StageRun s;
+    s.config = measured_llama(tied);
     for (int stages = 2; stages <= world().size(); stages *= 2) {
       for (const int tp : {1, 2}) {
         if (world().size() % (stages * tp) != 0) continue;
@@ -301,76 +382,50 @@ TEST(MeasuredLlama, PipelinePeakMatchesThePlan) {
         if (tp > 1) dimensions.emplace_back("tp", tp);
         const dtrain::DeviceMesh mesh(world_ptr(), dimensions);
         const int stage = mesh.rank("pp");
-        const auto blocks = pp::divide_blocks(config.n_layer, stages)[static_cast<size_t>(stage)];
-        const dtrain::models::LlamaPart part{stage, stages, blocks.first, blocks.last};
-        const auto spec = plan::describe_llama_stage(config, kPart, kMicrobatches, torch::kFloat32, stage, stages, tp);
+        const auto spec =
+            plan::describe_llama_stage(s.config, s.part, s.microbatches, torch::kFloat32, stage, stages, tp);
         for (const auto schedule : {pp::Schedule::GPipe, pp::Schedule::OneFOneB}) {
+          s.schedule = schedule;
           for (const PlannedRun& run : {PlannedRun{"ddp"}, PlannedRun{"fsdp"}}) {
             auto options = options_of(run, mesh.size("dp"), mesh.rank("dp"));
             options.schedule = schedule;
-            world().barrier()->wait();
-            const int64_t before = dtrain::memory::live_bytes();
-            int64_t measured = 0;
             const std::string where = run.name() + (tied ? ", tied, " : ", ") + pp::schedule_name(schedule) + " on " +
                                       mesh.describe() + ", stage " + std::to_string(stage);
-            {
-              torch::manual_seed(0);
-              std::shared_ptr<torch::nn::Module> module;
-              std::function<torch::Tensor(const torch::Tensor&)> stage_forward;
-              std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
-              {
-                std::optional<dtrain::DeferredConstruction> deferred;
-                if (run.strategy != "ddp") deferred.emplace();
-                if (tp == 1) {
-                  auto llama = dtrain::models::Llama(config, part);
-                  module = llama.ptr();
-                  stage_forward = [llama](const torch::Tensor& x) mutable { return llama->forward(x); };
-                  loss = [](const torch::Tensor& logits, const torch::Tensor& t) {
-                    return torch::nn::functional::cross_entropy(logits.flatten(0, -2), t.flatten());
-                  };
-                } else {
-                  auto llama = dtrain::models::TPLlama(config, mesh.comm("tp"), false, part);
-                  module = llama.ptr();
-                  stage_forward = [llama](const torch::Tensor& x) mutable { return llama->forward(x); };
-                  loss = [llama](const torch::Tensor& logits, const torch::Tensor& t) {
-                    return llama->loss(logits, t).mean();
-                  };
-                }
-              }
-              Engine engine(module, mesh.comm("dp"), run.strategy, options.fsdp);
-              expect_units(engine, spec, where);
-              torch::Tensor tied_weight;
-              if (tied && (stage == 0 || stage == stages - 1)) {
-                if (engine.fsdp) {
-                  for (const auto& shard : engine.fsdp->parameter_shards())
-                    if (shard.name == "embed_tokens.weight") tied_weight = shard.parameter;
-                } else {
-                  for (const auto& item : module->named_parameters())
-                    if (item.key() == "embed_tokens.weight") tied_weight = item.value();
-                }
-              }
-              torch::optim::AdamW optimizer(engine.parameters, torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
-              pp::Pipeline pipeline(mesh.comm("pp"), schedule, kMicrobatches);
-              torch::manual_seed(1 + mesh.rank("dp"));
-              auto tokens = torch::randint(0, config.vocab_size, {kPart, config.seq_len}, torch::kLong);
-              auto targets = torch::randint(0, config.vocab_size, {kPart, config.seq_len}, torch::kLong);
-              measured = measured_step_peak(before, optimizer, [&] {
-                if (engine.fsdp) engine.fsdp->gather_for_step(false);
-                pipeline.step([&](const torch::Tensor& x) { return engine.forward(stage_forward, x); }, loss, tokens,
-                              targets, {kPart / kMicrobatches, config.seq_len, config.dim}, torch::kFloat32,
-                              [&](bool sync, const std::function<void()>& backward) {
-                                if (sync || !engine.ddp) return backward();
-                                auto guard = engine.ddp->no_sync();
-                                backward();
-                              });
-                if (engine.fsdp) engine.fsdp->reduce_step_gradients();
-                if (tied) pp::sum_tied_gradients(tied_weight, pipeline);
-              });
-            }
+            const int64_t measured = measured_stage_peak(s, mesh, mesh.comm("dp"), run, options, spec, where);
             expect_close(measured, plan::make_plan(spec, options), where);
           }
         }
       }
+    }
+  }
+}
+
+// Stages whose blocks run on sequence slices (--pp with --sequence-parallel,
+// on (dp, 2, 2)) or on a ring's shards (--pp with --cp 2, on (dp, 2, 2, 1),
+// the engine over dp x cp): 1F1B, tied, ddp and fsdp.
+TEST(MeasuredLlama, PipelineOnSequenceSlicesAndShardsPeakMatchesThePlan) {
+  if (world().size() % 4 != 0) GTEST_SKIP() << "pp 2 with tp 2 or cp 2 needs a multiple of 4 ranks";
+  dtrain::memory::install_tracking_allocator();
+  StageRun s;
+  s.config = measured_llama(true);
+  s.config.seq_len = 64;
+  for (const bool ring : {false, true}) {
+    std::vector<std::pair<std::string, int>> dimensions{{"dp", -1}, {"pp", 2}, {ring ? "cp" : "tp", 2}};
+    dtrain::DeviceMesh mesh(world_ptr(), dimensions);  // flatten adds a group
+    std::optional<dtrain::cp::ContextParallel> context;
+    if (ring) context.emplace(mesh.comm("cp"));
+    s.context = ring ? &*context : nullptr;
+    s.sequence_parallel = !ring;
+    const dtrain::CommPtr engine_group = ring ? mesh.flatten({"dp", "cp"}, "dp_cp") : mesh.comm("dp");
+    const int stage = mesh.rank("pp");
+    const auto spec = plan::describe_llama_stage(s.config, s.part, s.microbatches, torch::kFloat32, stage, 2,
+                                                 ring ? 1 : 2, !ring, ring ? 2 : 1);
+    for (const PlannedRun& run : {PlannedRun{"ddp"}, PlannedRun{"fsdp"}}) {
+      auto options = options_of(run, engine_group->size(), engine_group->rank());
+      const std::string where = run.name() + (ring ? ", ring attention" : ", sequence parallel") + " on " +
+                                mesh.describe() + ", stage " + std::to_string(stage);
+      const int64_t measured = measured_stage_peak(s, mesh, engine_group, run, options, spec, where);
+      expect_close(measured, plan::make_plan(spec, options), where);
     }
   }
 }
