@@ -92,7 +92,16 @@ void check_context_parallel_flags(const PlanFlags& f, const ModelSpec& spec) {
 }
 
 void check_pipeline_flags(const PlanFlags& f, const ModelSpec& spec) {
+  if (f.schedule == "interleaved" && f.virtual_stages < 2)
+    throw std::invalid_argument("--schedule interleaved runs several model chunks per pipeline rank: it needs "
+                                "--virtual-stages V with V >= 2");
+  if (f.virtual_stages > 1 && f.schedule != "interleaved")
+    throw std::invalid_argument("--virtual-stages " + std::to_string(f.virtual_stages) +
+                                " needs --schedule interleaved (" + f.schedule + " runs one stage per rank)");
   if (f.pp == 1) {
+    if (f.virtual_stages > 1)
+      throw std::invalid_argument("--virtual-stages splits the model into chunks per pipeline rank: it needs --pp N "
+                                  "with N > 1");
     if (f.microbatches > 1)
       throw std::invalid_argument("--microbatches splits a pipeline's batch between its stages: it needs --pp N with N > 1");
     if (f.pp_gather != "step")
@@ -109,6 +118,10 @@ void check_pipeline_flags(const PlanFlags& f, const ModelSpec& spec) {
   if (f.probe)
     throw std::invalid_argument("--probe measures a whole model or a tensor-parallel slice of it, not a pipeline stage: "
                                 "leave out --probe or " + pp);
+  if (f.virtual_stages > 1 && f.microbatches % f.pp != 0)
+    throw std::invalid_argument("--schedule interleaved runs the microbatches in groups of " + pp + ": --microbatches " +
+                                std::to_string(f.microbatches) + " is not a multiple of " + std::to_string(f.pp) +
+                                " (as dtrain train)");
 }
 
 // What dtrain train would run: the flags the plan shares with it.
@@ -130,6 +143,8 @@ TrainConfig train_config_of(const PlanFlags& f, const ModelSpec& spec) {
   config.pp = f.pp;
   config.cp = f.cp;
   config.microbatches = f.microbatches;
+  config.schedule = f.schedule;
+  config.virtual_stages = f.virtual_stages;
   config.data = spec.token_sequences ? "text:/usr/share/games/fortunes" : "fashion-mnist";  // dtrain train's defaults
   return config;
 }
@@ -249,8 +264,18 @@ Resolved resolve(const PlanFlags& f) {
   config.batch_size = r.global_batch;
   if (spec.check) spec.check(config);  // the model's own flags, as dtrain train checks them
   if (f.pp > 1) {
-    for (int stage = 0; stage < f.pp; ++stage)
-      r.stages.push_back(spec.plan_stage_description(config, per_rank, f.microbatches, compute, stage));
+    // Each pipeline rank's stage, or under interleaving its chunks: the
+    // model's stages rank, rank + pp, ... of pp x V, merged.
+    for (int stage = 0; stage < f.pp; ++stage) {
+      if (f.virtual_stages == 1) {
+        r.stages.push_back(spec.plan_stage_description(config, per_rank, f.microbatches, compute, stage));
+        continue;
+      }
+      std::vector<plan::ModelSpec> chunks;
+      for (int k = 0; k < f.virtual_stages; ++k)
+        chunks.push_back(spec.plan_stage_description(config, per_rank, f.microbatches, compute, stage + k * f.pp));
+      r.stages.push_back(plan::interleave_stages(std::move(chunks), stage, f.pp));
+    }
     r.model = r.stages[static_cast<size_t>(pp_coordinate(f, f.rank))];
     r.activations = "described by the model's spec";
     return r;
@@ -286,11 +311,14 @@ std::vector<plan::Plan> stage_plans(const Resolved& r) {
 
 void print_pipeline(const Resolved& r, const plan::Plan& p) {
   const auto& stage = r.model.pipeline;
-  std::printf("\nPipeline: stage %d of %d, %d microbatch(es) of %lld window(s), %s: at most %d microbatch(es)' "
+  const size_t chunks = std::max<size_t>(r.model.chunks.size(), 1);
+  std::printf("\nPipeline: stage %d of %d, %d microbatch(es) of %lld window(s), %s%s: at most %d %s' "
               "activations alive at once; each microbatch's activation and its gradient are %s\n",
               stage.stage, stage.stages, stage.microbatches,
               static_cast<long long>(r.model.batch_per_rank / stage.microbatches),
-              pp::schedule_name(r.options.schedule).c_str(), p.microbatches_in_flight,
+              pp::schedule_name(r.options.schedule).c_str(),
+              chunks > 1 ? (" over " + std::to_string(chunks) + " chunks per rank").c_str() : "",
+              p.microbatches_in_flight, chunks > 1 ? "chunk-microbatches" : "microbatch(es)",
               human(stage.message_bytes).c_str());
   if (p.strategy != "ddp")
     std::printf("Units gathered %s (--pp-gather %s).\n",
@@ -404,6 +432,7 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
     const auto& stage = r.model.pipeline;
     pipeline = {{"stage", stage.stage}, {"stages", stage.stages}, {"microbatches", stage.microbatches},
                 {"schedule", pp::schedule_name(r.options.schedule)},
+                {"virtual_stages", std::max<size_t>(r.model.chunks.size(), 1)},
                 {"gather", r.options.gather_per_microbatch ? "microbatch" : "step"},
                 {"microbatches_in_flight", p.microbatches_in_flight}, {"message_bytes", stage.message_bytes},
                 {"per_stage", stages}};
@@ -514,8 +543,11 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
       ->check(at_least(1))->capture_default_str();
   cmd->add_option("--microbatches", f.microbatches, "With --pp: microbatches per batch part")
       ->check(at_least(1))->capture_default_str();
-  cmd->add_option("--schedule", f.schedule, "With --pp: 1f1b | gpipe")
-      ->check(CLI::IsMember({"1f1b", "gpipe"}))->capture_default_str();
+  cmd->add_option("--schedule", f.schedule, "With --pp: 1f1b | gpipe | interleaved")
+      ->check(CLI::IsMember({"1f1b", "gpipe", "interleaved"}))->capture_default_str();
+  cmd->add_option("--virtual-stages", f.virtual_stages,
+                  "With --schedule interleaved: model chunks per pipeline rank (as dtrain train)")
+      ->check(at_least(1))->capture_default_str();
   cmd->add_option("--pp-gather", f.pp_gather, "With --pp and a sharded strategy: step | microbatch (as dtrain train)")
       ->check(CLI::IsMember({"step", "microbatch"}))->capture_default_str();
   cmd->add_flag("--json", f.json, "Print the plan as JSON");

@@ -48,7 +48,8 @@ struct PlanFlags {
   int pp = 1;                     // dtrain train --pp: the (dp, pp, tp) mesh, dp = nproc / (pp x tp)
   int cp = 1;                     // dtrain train --cp: the (dp, pp, cp, tp) mesh, dp = nproc / (pp x cp x tp)
   int microbatches = 1;
-  std::string schedule = "1f1b";  // 1f1b | gpipe
+  std::string schedule = "1f1b";  // 1f1b | gpipe | interleaved
+  int virtual_stages = 1;         // interleaved: model chunks per pipeline rank
   std::string pp_gather = "step";  // step | microbatch (sharded strategies)
   bool json = false;
   bool probe = false;  // measure the activations even where the model's spec describes them

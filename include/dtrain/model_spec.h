@@ -207,8 +207,11 @@ struct ModelSpec {
   // (src/train/plan_model.cpp; the plan says which).
   std::function<plan::ModelSpec(const TrainConfig&, int64_t batch_per_rank, torch::ScalarType compute)>
       plan_description;
-  // `dtrain plan --pp`: stage `stage` of config.pp as pipeline_stage builds
-  // it, at `microbatches` microbatches of the rank's batch part.
+  // `dtrain plan --pp`: stage `stage` of the model's config.pp x
+  // config.virtual_stages stages as pipeline_stage builds it, at
+  // `microbatches` microbatches of the rank's batch part. Under --schedule
+  // interleaved the plan calls it for each of a rank's chunks and merges
+  // them (plan::interleave_stages).
   std::function<plan::ModelSpec(const TrainConfig&, int64_t batch_per_rank, int microbatches, torch::ScalarType compute,
                                 int stage)>
       plan_stage_description;

@@ -120,6 +120,9 @@ struct ModelSpec {
     // pp::sum_tied_gradients sums its gradients over the two. Otherwise the
     // embedding and the head are the root's.
     bool tied_unit = false;
+    // Which unit that is: 1, but in the units of a rank's interleaved chunks
+    // (interleave_stages), where it follows the blocks on the last rank.
+    size_t tied_unit_at = 1;
     // What a stage before the last keeps of each microbatch's output beyond
     // its units' activations, until that microbatch's backward: under
     // sequence parallelism the whole activation gathered from the blocks'
@@ -128,6 +131,11 @@ struct ModelSpec {
     bool first() const { return stage == 0; }
     bool last() const { return stage == stages - 1; }
   } pipeline;
+  // --schedule interleaved: the stage descriptions of the model chunks this
+  // rank holds (its virtual stages, each a stage of ranks x V), whose units
+  // `units` merges as the trainer merges the chunks' modules; `pipeline` is
+  // then the rank's (stage = rank, stages = ranks). Empty otherwise.
+  std::vector<ModelSpec> chunks;
 
   int64_t parameter_count() const;
 };
@@ -169,6 +177,16 @@ ModelSpec describe_tp_gpt(const models::GPTConfig& config, int64_t batch_per_ran
 ModelSpec describe_gpt_stage(const models::GPTConfig& config, int64_t batch_per_rank, int microbatches,
                              torch::ScalarType compute_dtype, int stage, int stages, int tp = 1,
                              bool sequence_parallel = false, int cp = 1);
+// Interleaved 1F1B (pp::Schedule::Interleaved): rank `rank` of `ranks`
+// holding the model's stages rank, rank + ranks, ... of ranks x V, described
+// by `chunks` in that order (describe_gpt_stage or describe_llama_stage with
+// stages = ranks x V). The rank's units are the chunks' merged by name as
+// the trainer merges their modules (src/train/pipeline_chunks.cpp): a unit in
+// a container another chunk already filled (blocks.*, layers.*) follows that
+// container's units, any other is appended. Plan it with
+// PlanOptions::schedule = Interleaved; throws std::invalid_argument for
+// fewer than 2 chunks or chunks that are not those stages.
+ModelSpec interleave_stages(std::vector<ModelSpec> chunks, int rank, int ranks);
 // Llama as dtrain::models::Llama builds it (tp = 1), or one rank's slice of
 // models::TPLlama on a tensor-parallel group of `tp` ranks, optionally with
 // sequence parallelism: the root holds embed_tokens, norm and the untied

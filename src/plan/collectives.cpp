@@ -70,12 +70,18 @@ void add_ddp_buckets(const ModelSpec& model, const Layout& layout, Plan& plan) {
 // FSDP), and the loss from the last stage.
 void add_pipeline(const ModelSpec& model, const Layout& layout, Plan& plan) {
   const auto& stage = model.pipeline;
-  for (int m = 0; m < stage.microbatches; ++m) {
-    if (!stage.last()) add(plan, "send", "activations, pipeline", 2, stage.message_bytes);
-    if (!stage.first()) add(plan, "send", "activation gradients, pipeline", 2, stage.message_bytes);
+  // Each chunk's (interleaved), or the stage's.
+  std::vector<ModelSpec::PipelineStage> chunks;
+  for (const auto& chunk : model.chunks) chunks.push_back(chunk.pipeline);
+  if (chunks.empty()) chunks.push_back(stage);
+  for (const auto& chunk : chunks) {
+    for (int m = 0; m < chunk.microbatches; ++m) {
+      if (!chunk.last()) add(plan, "send", "activations, pipeline", 2, chunk.message_bytes);
+      if (!chunk.first()) add(plan, "send", "activation gradients, pipeline", 2, chunk.message_bytes);
+    }
   }
   if (stage.tied_unit) {
-    const auto flat = flat_layout(model.units[1], layout);
+    const auto flat = flat_layout(model.units[stage.tied_unit_at], layout);
     add(plan, "all_reduce", "tied embedding gradient, end stages", 2, (layout.ddp ? flat.numel : flat.shard) * 4);
   }
   add(plan, "all_reduce", "loss, pipeline", stage.stages, 8);

@@ -127,9 +127,10 @@ Plan make_plan(const ModelSpec& model, const PlanOptions& options) {
         {unit.name, flat.numel, flat.padded, flat.shard, gathered ? flat.padded * layout.compute_bytes : 0});
   }
   if (model.pipeline.stages > 1) {
-    if (options.schedule == pp::Schedule::Interleaved)
-      throw std::invalid_argument("plan: the interleaved schedule is not planned yet (the plan holds one stage per "
-                                  "rank); plan 1f1b for the stage's parameters and a lower bound of its activations");
+    if ((options.schedule == pp::Schedule::Interleaved) != !model.chunks.empty())
+      throw std::invalid_argument(model.chunks.empty()
+                                      ? "plan: the interleaved schedule runs a rank's chunks (plan::interleave_stages)"
+                                      : "plan: a rank's interleaved chunks run under the interleaved schedule only");
     detail::simulate_pipeline_step(model, layout, options.fsdp, options.schedule, plan);
   } else {
     detail::simulate_step(model, layout, options.fsdp, plan);

@@ -61,6 +61,19 @@ class PipelineReplay {
       : model_(model), stage_(model.pipeline), layout_(layout), options_(options), schedule_(schedule), plan_(plan) {
     for (const auto& unit : model_.units) flats_.push_back(flat_layout(unit, layout_));
     full_.assign(flats_.size(), false);
+    arrived_.assign(flats_.size(), false);
+    // The rank's chunks (one but when interleaved), each unit at its place
+    // among the rank's units.
+    if (model_.chunks.empty()) {
+      chunks_.push_back({&model_, {}});
+      for (size_t u = 0; u < model_.units.size(); ++u) chunks_.back().at.push_back(u);
+    }
+    for (const ModelSpec& chunk : model_.chunks) {
+      chunks_.push_back({&chunk, {0}});
+      for (size_t u = 1; u < chunk.units.size(); ++u)
+        for (size_t m = 1; m < model_.units.size(); ++m)
+          if (model_.units[m].name == chunk.units[u].name) chunks_.back().at.push_back(m);
+    }
   }
 
   void run() {
@@ -88,23 +101,29 @@ class PipelineReplay {
     if (!layout_.ddp) gather_for_step();
 
     int in_flight = 0;
-    // The stage's forwards and backwards in Pipeline::step's order (one
-    // chunk per rank: the plan does not model interleaving).
-    for (const pp::Action& action :
-         pp::schedule_actions(schedule_, stage_.stage, stage_.stages, /*chunks=*/1, stage_.microbatches)) {
+    // The stage's forwards and backwards in Pipeline::step's order.
+    const auto actions = pp::schedule_actions(schedule_, stage_.stage, stage_.stages,
+                                              static_cast<int>(chunks_.size()), stage_.microbatches);
+    for (size_t a = 0; a < actions.size(); ++a) {
+      const pp::Action& action = actions[a];
+      const Chunk& chunk = chunks_[static_cast<size_t>(action.chunk)];
       const int m = action.microbatch;
       if (action.forward) {
-        forward(m);
+        forward(chunk, m);
         plan_.forward_activation_bytes = std::max(plan_.forward_activation_bytes, t_.now().activations);
         plan_.microbatches_in_flight = std::max(plan_.microbatches_in_flight, ++in_flight);
       } else {
-        backward(m);
+        // DDP reduces in the step's last backward; when interleaved, the
+        // other chunks' gradients join the buckets after it (as unused ones).
+        backward(chunk, m, /*reducing=*/a + 1 == actions.size());
         --in_flight;
       }
     }
     t_.remove(kActivations, held_send_);  // the pipeline waits for its last sends
     held_send_ = 0;
     if (layout_.ddp) {
+      for (size_t k = 1; k < chunks_.size(); ++k)
+        for (size_t u = 0; u < chunks_[k].at.size(); ++u) bucket_arrival(chunks_[k].at[u]);
       t_.remove(kGradients, bucket_fill_.finish());
     } else {
       reduce_step_gradients();
@@ -121,13 +140,24 @@ class PipelineReplay {
            !(layout_.group_size == 1 && layout_.compute_bytes == layout_.master_bytes);
   }
   int64_t full_bytes(size_t u) const { return flats_[u].padded * layout_.compute_bytes; }
-  // The tied embedding's unit on the end stages (ModelSpec::PipelineStage::tied_unit).
-  bool tied(size_t u) const { return stage_.tied_unit && u == 1; }
-  // The units the embedding's and the head's backward give gradients: the
-  // root, and the tied embedding's unit where there is one.
-  size_t embedding_units() const { return stage_.tied_unit ? 2 : 1; }
-  // The head's unit: the tied embedding's, or the root (gathered for the step).
-  size_t head_unit() const { return stage_.tied_unit ? 1 : 0; }
+
+  // One of the rank's model chunks: its description, and where each of its
+  // units is among the rank's (at[u]).
+  struct Chunk {
+    const ModelSpec* spec;
+    std::vector<size_t> at;
+    const ModelSpec::PipelineStage& stage() const { return spec->pipeline; }
+    // The chunk's tied embedding unit on an end stage (PipelineStage::tied_unit).
+    bool tied(size_t u) const { return stage().tied_unit && u == stage().tied_unit_at; }
+    // The rank's units the embedding's and the head's backward give
+    // gradients: the root, and the tied embedding's unit where there is one.
+    std::vector<size_t> embedding_units() const {
+      if (!stage().tied_unit) return {0};
+      return {0, at[stage().tied_unit_at]};
+    }
+    // The head's unit: the tied embedding's, or the root (gathered for the step).
+    size_t head_unit() const { return stage().tied_unit ? at[stage().tied_unit_at] : 0; }
+  };
   int64_t gradient_element_bytes() const { return layout_.ddp ? 4 : layout_.compute_bytes; }
   int64_t gradient_bytes(size_t u) const { return flats_[u].numel * gradient_element_bytes(); }
   std::string of(int m) const { return " of microbatch " + std::to_string(m); }
@@ -170,67 +200,79 @@ class PipelineReplay {
     if (per_microbatch() && u > 0 && fsdp_rules::free_after_backward(layout_.strategy)) release(u);
   }
 
-  void forward(int m) {
-    if (!stage_.first()) t_.add(kActivations, stage_.message_bytes);  // the activation received
-    for (size_t u = 0; u < model_.units.size(); ++u) {
-      if (stage_.last() && tied(u)) continue;  // the head, below
-      enter(u);
-      t_.add(kActivations, model_.units[u].activation_bytes);
-      t_.mark("forward" + of(m) + ": " + display(model_.units[u]));
-      leave_forward(u);
+  void forward(const Chunk& c, int m) {
+    const auto& stage = c.stage();
+    const auto& spec = *c.spec;
+    if (!stage.first()) t_.add(kActivations, stage.message_bytes);  // the activation received
+    for (size_t u = 0; u < spec.units.size(); ++u) {
+      if (stage.last() && c.tied(u)) continue;  // the head, below
+      enter(c.at[u]);
+      t_.add(kActivations, spec.units[u].activation_bytes);
+      t_.mark("forward" + of(m) + ": " + display(spec.units[u]));
+      leave_forward(c.at[u]);
     }
-    if (!stage_.last()) t_.add(kActivations, stage_.output_bytes);  // kept until its backward
-    if (stage_.last()) {
+    if (!stage.last()) t_.add(kActivations, stage.output_bytes);  // kept until its backward
+    if (stage.last()) {
       // ln_f's output, the log-probabilities kept for the loss's backward,
       // and for a moment the logits they came from.
-      enter(head_unit());
-      t_.add(kActivations, model_.root_tail_activation_bytes + model_.loss_bytes);
-      t_.mark_with(kActivations, model_.output_bytes, "forward" + of(m) + ": the logits and the loss");
-      leave_forward(head_unit());
+      enter(c.head_unit());
+      t_.add(kActivations, spec.root_tail_activation_bytes + spec.loss_bytes);
+      t_.mark_with(kActivations, spec.output_bytes, "forward" + of(m) + ": the logits and the loss");
+      leave_forward(c.head_unit());
     }
   }
 
   // The unit's gradients: created by the step's first backward, added into
-  // by the later ones; in DDP's last backward each goes into its bucket
+  // by the later ones; in DDP's reducing backward each goes into its bucket
   // when the bucket completes.
-  void gradients_of(size_t u, int64_t bytes, bool first_backward, bool last_backward) {
+  void gradients_of(size_t u, int64_t bytes, bool first_backward, bool reducing) {
     if (first_backward) t_.add(kGradients, bytes);
-    if (!layout_.ddp || !last_backward) return;
-    int64_t freed = 0;
+    if (!layout_.ddp || !reducing) return;
     if (bytes == gradient_bytes(u)) {
-      const auto& parameters = model_.units[u].parameters;
-      for (auto p = parameters.rbegin(); p != parameters.rend(); ++p) freed += bucket_fill_.arrive(p->numel * 4);
+      bucket_arrival(u);
     } else {
-      freed += bucket_fill_.arrive(bytes);
+      t_.remove(kGradients, bucket_fill_.arrive(bytes));
     }
+  }
+  // DDP: unit u's gradients copied into their buckets (the separate tensors
+  // freed as each bucket completes).
+  void bucket_arrival(size_t u) {
+    if (arrived_[u]) return;  // the root of two chunks
+    arrived_[u] = true;
+    int64_t freed = 0;
+    const auto& parameters = model_.units[u].parameters;
+    for (auto p = parameters.rbegin(); p != parameters.rend(); ++p) freed += bucket_fill_.arrive(p->numel * 4);
     t_.remove(kGradients, freed);
   }
 
-  void backward(int m) {
-    const bool first_backward = m == 0, last_backward = m == stage_.microbatches - 1;
-    if (!stage_.last()) t_.add(kActivations, stage_.message_bytes);  // the gradient received
-    if (stage_.last()) {
+  void backward(const Chunk& c, int m, bool reducing) {
+    const auto& stage = c.stage();
+    const auto& spec = *c.spec;
+    const bool first_backward = m == 0;
+    if (!stage.last()) t_.add(kActivations, stage.message_bytes);  // the gradient received
+    if (stage.last()) {
       // The loss's backward: the gradients of the log-probabilities and of
       // the logits together.
-      t_.mark_with(kActivations, 2 * model_.output_bytes, "backward" + of(m) + ": the loss's gradients");
-      enter(head_unit());
-      t_.remove(kActivations, model_.root_tail_activation_bytes + model_.loss_bytes);
+      t_.mark_with(kActivations, 2 * spec.output_bytes, "backward" + of(m) + ": the loss's gradients");
+      enter(c.head_unit());
+      t_.remove(kActivations, spec.root_tail_activation_bytes + spec.loss_bytes);
       // The head's and the final norm's gradients (the tied unit's and the root's).
       if (first_backward) {
-        for (size_t u = 0; u < embedding_units(); ++u) gradients_of(u, gradient_bytes(u), true, last_backward);
+        for (size_t u : c.embedding_units()) gradients_of(u, gradient_bytes(u), true, reducing);
       } else {
-        t_.mark_with(kGradients, model_.root_tail_gradient_bytes, "backward" + of(m) + ": the head's gradients");
-        if (last_backward)
-          for (size_t u = 0; u < embedding_units(); ++u) gradients_of(u, gradient_bytes(u), false, true);
+        t_.mark_with(kGradients, spec.root_tail_gradient_bytes, "backward" + of(m) + ": the head's gradients");
+        if (reducing)
+          for (size_t u : c.embedding_units()) gradients_of(u, gradient_bytes(u), false, true);
       }
-      leave_backward(head_unit());
+      leave_backward(c.head_unit());
     }
-    for (size_t u = model_.units.size() - 1; u >= 1; --u) {
-      const auto& unit = model_.units[u];
-      if (tied(u)) continue;  // its backward is the embedding's (first stage) or the head's (above)
+    for (size_t u = spec.units.size() - 1; u >= 1; --u) {
+      const auto& unit = spec.units[u];
+      if (c.tied(u)) continue;  // its backward is the embedding's (first stage) or the head's (above)
+      const size_t at = c.at[u];
       // After the first backward a weight's new gradient exists for a moment
       // before it is added into .grad.
-      enter(u);
+      enter(at);
       int64_t accumulating = 0;
       if (!first_backward)
         for (const auto& p : unit.parameters) accumulating = std::max(accumulating, p.numel * gradient_element_bytes());
@@ -238,27 +280,27 @@ class PipelineReplay {
       t_.mark_with(kActivations, unit.backward_workspace_bytes, "backward" + of(m) + ": " + display(unit));
       t_.remove(kGradients, accumulating);
       t_.remove(kActivations, unit.activation_bytes);
-      gradients_of(u, gradient_bytes(u), first_backward, last_backward);
-      leave_backward(u);
+      gradients_of(at, gradient_bytes(at), first_backward, reducing);
+      leave_backward(at);
     }
-    if (stage_.first()) {
+    if (stage.first()) {
       // The embeddings' backward: their gradients (GPT: wte's and wpe's; new ones after
       // the first microbatch, added into the others).
-      const auto& root = model_.units[0];
-      enter(head_unit());
+      const auto& root = spec.units[0];
+      enter(c.head_unit());
       t_.mark_with(kActivations, root.backward_end_workspace_bytes, "backward" + of(m) + ": the embeddings");
       t_.remove(kActivations, root.activation_bytes);
-      for (size_t u = 0; u < embedding_units(); ++u) gradients_of(u, gradient_bytes(u), first_backward, last_backward);
-      leave_backward(head_unit());
+      for (size_t u : c.embedding_units()) gradients_of(u, gradient_bytes(u), first_backward, reducing);
+      leave_backward(c.head_unit());
     } else {
       // The input's gradient, sent back; the activation received is freed.
-      t_.mark_with(kActivations, stage_.message_bytes, "backward" + of(m) + ": the input's gradient");
-      t_.remove(kActivations, stage_.message_bytes);
+      t_.mark_with(kActivations, stage.message_bytes, "backward" + of(m) + ": the input's gradient");
+      t_.remove(kActivations, stage.message_bytes);
     }
-    if (!stage_.last()) t_.remove(kActivations, stage_.message_bytes + stage_.output_bytes);  // and the output
+    if (!stage.last()) t_.remove(kActivations, stage.message_bytes + stage.output_bytes);  // and the output
     // The pipeline drops the previous backward's send (completed by now).
     t_.remove(kActivations, held_send_);
-    held_send_ = stage_.first() ? 0 : stage_.message_bytes;
+    held_send_ = stage.first() ? 0 : stage.message_bytes;
     t_.add(kActivations, held_send_);
   }
 
@@ -310,8 +352,10 @@ class PipelineReplay {
   const FSDPOptions& options_;
   const pp::Schedule schedule_;
   Plan& plan_;
+  std::vector<Chunk> chunks_;
   std::vector<FlatLayout> flats_;
   std::vector<bool> full_;  // FSDP: the unit's full buffer is allocated
+  std::vector<bool> arrived_;  // DDP: the unit's gradients are in their buckets
   Timeline t_;
   DDPBucketFill bucket_fill_;
   int64_t held_send_ = 0;  // the input's gradient sent by the previous backward

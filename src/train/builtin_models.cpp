@@ -180,8 +180,8 @@ ModelSpec gpt_family(const std::string& summary, bool gelu_tanh) {
   };
   spec.plan_stage_description = [](const TrainConfig& c, int64_t batch_per_rank, int microbatches,
                                    torch::ScalarType compute, int stage) {
-    return plan::describe_gpt_stage(gpt_config(c), batch_per_rank, microbatches, compute, stage, c.pp, c.tp,
-                                    c.sequence_parallel, c.cp);
+    return plan::describe_gpt_stage(gpt_config(c), batch_per_rank, microbatches, compute, stage,
+                                    c.pp * c.virtual_stages, c.tp, c.sequence_parallel, c.cp);
   };
   return spec;
 }
@@ -223,8 +223,8 @@ ModelSpec llama() {
   };
   spec.plan_stage_description = [](const TrainConfig& c, int64_t batch_per_rank, int microbatches,
                                    torch::ScalarType compute, int stage) {
-    return plan::describe_llama_stage(llama_config(c), batch_per_rank, microbatches, compute, stage, c.pp, c.tp,
-                                      c.sequence_parallel, c.cp);
+    return plan::describe_llama_stage(llama_config(c), batch_per_rank, microbatches, compute, stage,
+                                      c.pp * c.virtual_stages, c.tp, c.sequence_parallel, c.cp);
   };
   return spec;
 }
