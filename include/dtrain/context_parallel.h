@@ -49,9 +49,10 @@ int64_t causal_pairs(int64_t T, int size, int rank, bool balanced);
 struct Ring {
   CommPtr group, blocks, gradients;
   bool overlap = true;  // false: wait for each block before computing (to measure the exposed time)
-  // On the CPU, each (query chunk, key chunk) pair runs LibTorch's flash
-  // kernel, which holds no [c, c] scores (c = T / (2 cp)); false, and on
-  // other devices for now, matrix products over the pair's scores in fp32.
+  // Each (query chunk, key chunk) pair runs a kernel that holds no [c, c]
+  // scores (c = T / (2 cp)): LibTorch's flash kernel on the CPU, the
+  // memory-efficient one on CUDA (src/cp/pair_attention.h); false, and on
+  // other devices, matrix products over the pair's scores in fp32.
   bool fused = true;
 };
 // Collective over `group`.

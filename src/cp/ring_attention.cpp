@@ -5,9 +5,8 @@
 #include "dtrain/context_parallel.h"
 
 #include "dtrain/trace.h"
+#include "cp/pair_attention.h"
 
-#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
-#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
 #include <torch/autograd.h>
 #include <torch/custom_class.h>
 #include <torch/torch.h>
@@ -48,21 +47,8 @@ void wait_all(std::vector<WorkPtr>& works) {
 // The global chunk index of local chunk `which` (0: head, 1: tail) of rank `r` of `n`.
 int64_t chunk_index(int r, int n, int which) { return which == 0 ? r : 2 * n - 1 - r; }
 
-// Of queries in chunk a against keys in chunk b: none when b is later,
-// the lower triangle when b == a, all when b is earlier.
-enum class Pairs { None, Diagonal, All };
+// Which pairs of chunk a's queries attend to chunk b's keys.
 Pairs pairs_of(int64_t a, int64_t b) { return b > a ? Pairs::None : b == a ? Pairs::Diagonal : Pairs::All; }
-
-// Scores of one (query chunk, key chunk) pair, fp32, the future masked on the diagonal.
-torch::Tensor scores(const torch::Tensor& q, const torch::Tensor& k, Pairs pairs, double scale) {
-  torch::Tensor s = torch::matmul(q, k.transpose(-2, -1)) * scale;
-  if (pairs == Pairs::Diagonal) {
-    const int64_t c = q.size(-2);
-    const auto future = torch::ones({c, c}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
-    s.masked_fill_(future, -std::numeric_limits<double>::infinity());
-  }
-  return s;
-}
 
 // Before ring step i: the block the next step computes with, on its way from
 // the rank before while `block` goes on to the next (none after the last
@@ -78,53 +64,6 @@ torch::Tensor start_next_block(const Ring& ring, int i, const torch::Tensor& blo
 // A chunk's local rows [which * c, (which + 1) * c) along the sequence dimension (2).
 torch::Tensor rows(const torch::Tensor& x, int which, int64_t c) { return x.narrow(2, which * c, c); }
 
-// One (query chunk, key chunk) pair's attention, normalised over its keys:
-// the output and the log-sum-exp of the scaled scores per query, fp32.
-struct Partial {
-  torch::Tensor out, lse;
-};
-
-// Ring::fused: LibTorch's CPU flash kernel, which returns the log-sum-exp and
-// holds no [c, c] scores; otherwise (and on other devices) matrix products
-// over the scores in fp32.
-bool use_fused(const Ring& ring, const torch::Tensor& q) { return ring.fused && q.device().is_cpu(); }
-
-Partial block_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, Pairs pairs,
-                      double scale, bool fused) {
-  if (fused) {
-    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
-        q.contiguous(), k.contiguous(), v.contiguous(), 0.0, pairs == Pairs::Diagonal, {}, scale);
-    return {out.to(torch::kFloat), lse.to(torch::kFloat)};
-  }
-  const torch::Tensor s = scores(q.to(torch::kFloat), k.to(torch::kFloat), pairs, scale);
-  const torch::Tensor lse = torch::logsumexp(s, -1);
-  return {torch::matmul(torch::exp(s - lse.unsqueeze(-1)), v.to(torch::kFloat)), lse};
-}
-
-// A pair's share of the gradients (fp32), given the whole attention's output
-// and log-sum-exp (the merged ones): softmax's backward needs the final
-// probabilities, exp(scores - lse), and rowsum(dO * O) of the final output.
-struct PairGradients {
-  torch::Tensor dq, dk, dv;
-};
-
-PairGradients block_backward(const torch::Tensor& dout, const torch::Tensor& q, const torch::Tensor& k,
-                             const torch::Tensor& v, const torch::Tensor& out, const torch::Tensor& lse, Pairs pairs,
-                             double scale, bool fused) {
-  if (fused) {
-    const auto dtype = q.scalar_type();
-    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        dout.to(dtype).contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out.to(dtype).contiguous(),
-        lse.contiguous(), 0.0, pairs == Pairs::Diagonal, {}, scale);
-    return {dq.to(torch::kFloat), dk.to(torch::kFloat), dv.to(torch::kFloat)};
-  }
-  const torch::Tensor q32 = q.to(torch::kFloat), k32 = k.to(torch::kFloat), v32 = v.to(torch::kFloat);
-  const torch::Tensor p = torch::exp(scores(q32, k32, pairs, scale) - lse.unsqueeze(-1));
-  const torch::Tensor dp = torch::matmul(dout, v32.transpose(-2, -1));
-  const torch::Tensor ds = p * (dp - (dout * out).sum(-1, /*keepdim=*/true)) * scale;
-  return {torch::matmul(ds, k32), torch::matmul(ds.transpose(-2, -1), q32), torch::matmul(p.transpose(-2, -1), dout)};
-}
-
 // Calls `body(query chunk, key chunk, pairs)` for the pairs rank r computes
 // against the block that rank `source` holds.
 template <typename Body>
@@ -139,18 +78,18 @@ void for_each_pair(int r, int source, int n, Body&& body) {
 
 // What forward and backward both derive from the ring and the queries: the
 // ring's size and this rank's place, the chunk length, softmax's scale, and
-// whether the pairs run the fused kernel.
+// which kernel the pairs run.
 struct Geometry {
   Geometry(const Ring& ring, const torch::Tensor& q)
       : n(ring.group->size()),
         r(ring.group->rank()),
         c(q.size(2) / 2),
         scale(1.0 / std::sqrt(static_cast<double>(q.size(-1)))),
-        fused(use_fused(ring, q)) {}
+        kernel(pair_kernel(ring.fused, q)) {}
   int n, r;
   int64_t c;
   double scale;
-  bool fused;
+  PairKernel kernel;
 };
 
 // Keeps the ring's communicators alive with the graph until backward has run.
@@ -181,8 +120,8 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       {
         trace::Span computing("cp_attention", trace::category::compute, {{"step", i}});
         for_each_pair(r, source, n, [&](int qa, int kb, Pairs pairs) {
-          const Partial part = block_forward(rows(q, qa, c), rows(block[0], kb, c), rows(block[1], kb, c), pairs,
-                                             g.scale, g.fused);
+          const Partial part = pair_forward(rows(q, qa, c), rows(block[0], kb, c), rows(block[1], kb, c), pairs,
+                                             g.scale, g.kernel);
           // Online softmax: rescale what is there and what comes to the new total.
           torch::Tensor out_rows = rows(out, qa, c), lse_rows = lse.narrow(2, qa * c, c);
           const torch::Tensor total = torch::logaddexp(lse_rows, part.lse);
@@ -225,8 +164,8 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         trace::Span computing("cp_attention_backward", trace::category::compute, {{"step", i}});
         for_each_pair(r, source, n, [&](int qa, int kb, Pairs pairs) {
           const PairGradients pair =
-              block_backward(rows(dout, qa, c), rows(q, qa, c), rows(block[0], kb, c), rows(block[1], kb, c),
-                             rows(out, qa, c), lse.narrow(2, qa * c, c), pairs, g.scale, g.fused);
+              pair_backward(rows(dout, qa, c), rows(q, qa, c), rows(block[0], kb, c), rows(block[1], kb, c),
+                             rows(out, qa, c), lse.narrow(2, qa * c, c), pairs, g.scale, g.kernel);
           rows(dq, qa, c).add_(pair.dq);
           rows(gradient[0], kb, c).add_(pair.dk);
           rows(gradient[1], kb, c).add_(pair.dv);

@@ -372,11 +372,13 @@ void check_train_config(const TrainConfig& c, int world_size) {
                          .fsdp_compress = c.fsdp_compress, .activation_checkpointing = c.activation_checkpointing},
                         data_ranks * c.cp);  // the engine's ranks
   check_activation_checkpointing(c, spec, device);
-  // The ring's pairs are fused on the CPU only (Ring::fused): on a GPU each
-  // pair would hold its [c, c] scores in fp32, and no GPU test has run it.
+  // On a GPU the ring's pairs run the memory-efficient CUDA kernel
+  // (src/cp/pair_attention.cpp), which no GPU has run yet: the kit's
+  // CudaTraining.RingAttentionPairsOnTheDeviceEqualFullAttention checks it
+  // against full attention first.
   if (c.cp > 1 && device.is_cuda())
-    fail("--cp " + std::to_string(c.cp) + " on a GPU is not available yet: ring attention's fused pairs are the "
-         "CPU's (a GPU's awaits its kernels and its first GPU test); use --device cpu");
+    fail("--cp " + std::to_string(c.cp) + " on a GPU is not available yet: ring attention's CUDA pair kernel awaits "
+         "its first GPU test (tests/cuda/test_cuda_training.cpp); use --device cpu");
   check_features(c, strategy_info(c.strategy));
   check_ps_and_straggler_flags(c, world_size);
 

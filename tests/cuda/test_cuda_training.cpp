@@ -13,6 +13,7 @@
 //
 // fp32 stays fp32: TF32 is switched off for cuBLAS and cuDNN, so the only
 // differences from the reference are summation order and atomics.
+#include <dtrain/context_parallel.h>
 #include <dtrain/ddp.h>
 #include <dtrain/fsdp.h>
 #include <dtrain/memory.h>
@@ -410,6 +411,45 @@ TEST_F(CudaTraining, MemoryAccountingWithCudaTensors) {
                 << dtrain::memory::peak_bytes() << ", peak RSS " << dtrain::memory::peak_rss_bytes() << std::endl;
   }
   EXPECT_GT(dtrain::memory::peak_rss_bytes(), 0);
+}
+
+// Ring attention's pairs on the device's kernel (src/cp/pair_attention.cpp:
+// the memory-efficient CUDA kernel; on the CPU instead, the flash kernel)
+// against full causal attention on every rank, forward and backward, over a
+// ring of the world's ranks: at 1 rank a ring of one still runs a diagonal
+// pair and a full one and merges them. dtrain train refuses --cp on a GPU
+// until this has passed there (src/train/check_config.cpp).
+TEST_F(CudaTraining, RingAttentionPairsOnTheDeviceEqualFullAttention) {
+  const int n = world().size(), r = world().rank();
+  const dtrain::cp::Ring ring = dtrain::cp::make_ring(world_ptr());
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const int64_t B = 2, H = 4, T = 64 * n, D = 32;
+    torch::manual_seed(7);
+    const auto on = torch::TensorOptions().device(device());
+    const torch::Tensor q = torch::randn({B, H, T, D}, on).to(dtype).requires_grad_();
+    const torch::Tensor k = torch::randn({B, H, T, D}, on).to(dtype).requires_grad_();
+    const torch::Tensor v = torch::randn({B, H, T, D}, on).to(dtype).requires_grad_();
+    const torch::Tensor weights = torch::randn({B, H, T, D}, on).to(dtype);
+    const torch::Tensor full =
+        at::scaled_dot_product_attention(q.to(torch::kFloat), k.to(torch::kFloat), v.to(torch::kFloat), {}, 0.0, true);
+    (full * weights.to(torch::kFloat)).sum().backward();
+    const auto shard = [&](const torch::Tensor& x) { return dtrain::cp::shard_sequence(x, 2, n, r); };
+    const torch::Tensor q_mine = shard(q.detach()).requires_grad_(), k_mine = shard(k.detach()).requires_grad_(),
+                        v_mine = shard(v.detach()).requires_grad_();
+    const torch::Tensor out = dtrain::cp::ring_attention(q_mine, k_mine, v_mine, ring);
+    EXPECT_TRUE(on_device(out));
+    (out * shard(weights)).sum().to(torch::kFloat).backward();
+    const double tolerance = dtype == torch::kFloat ? 1e-4 : 3e-2;
+    const auto expect_close = [&](const torch::Tensor& got, const torch::Tensor& want, const char* what) {
+      const double error = (got.to(torch::kFloat) - want.to(torch::kFloat)).abs().max().item<double>();
+      EXPECT_LT(error, tolerance) << what << " (" << (dtype == torch::kFloat ? "fp32" : "bf16") << ", rank " << r
+                                  << " of " << n << ")";
+    };
+    expect_close(out, shard(full), "output");
+    expect_close(q_mine.grad(), shard(q.grad()), "dq");
+    expect_close(k_mine.grad(), shard(k.grad()), "dk");
+    expect_close(v_mine.grad(), shard(v.grad()), "dv");
+  }
 }
 
 }  // namespace
