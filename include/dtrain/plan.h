@@ -114,11 +114,11 @@ struct ModelSpec {
     int stage = 0, stages = 1;
     int microbatches = 1;
     int64_t message_bytes = 0;
-    // units[1] is the tied embedding's copy that the first and the last
-    // stage each hold as a unit of its own (GPT's wte, a tied Llama's
-    // embed_tokens): its backward is the embedding's or the head's, and
-    // pp::sum_tied_gradients sums its gradients over the two. Otherwise the
-    // embedding and the head are the root's.
+    // units[tied_unit_at] is the tied embedding's copy that the first and
+    // the last stage each hold as a unit of its own (GPT's wte, a tied
+    // Llama's embed_tokens): its backward is the embedding's or the head's,
+    // and pp::sum_tied_gradients sums its gradients over the two. Otherwise
+    // the embedding and the head are the root's.
     bool tied_unit = false;
     // Which unit that is: 1, but in the units of a rank's interleaved chunks
     // (interleave_stages), where it follows the blocks on the last rank.
@@ -203,10 +203,11 @@ ModelSpec describe_llama(const models::LlamaConfig& config, int64_t batch_per_ra
 // (models::Llama or models::TPLlama with a LlamaPart), as
 // describe_gpt_stage describes the GPT's: the root holds embed_tokens on the
 // first stage and norm and lm_head on the last, or with a tied head
-// embed_tokens is a unit of its own on both ends.
+// embed_tokens is a unit of its own on both ends. sequence_parallel and cp
+// as describe_gpt_stage's.
 ModelSpec describe_llama_stage(const models::LlamaConfig& config, int64_t batch_per_rank, int microbatches,
                                torch::ScalarType compute_dtype, int stage, int stages, int tp = 1,
-                             bool sequence_parallel = false, int cp = 1);
+                               bool sequence_parallel = false, int cp = 1);
 // MLP and CNN as dtrain::models builds them. Their root module is not a
 // torch::nn::Sequential and holds no Sharded<> children, so under the default
 // wrap policy the whole model is one unit: the root.

@@ -27,20 +27,34 @@ torch::Tensor scores(const torch::Tensor& q, const torch::Tensor& k, Pairs pairs
 // up to 32] (its forward returns it so, and its backward reads it so).
 constexpr int64_t kCudaLseAlignment = 32;
 
+// Padded with +inf, as the kernel's forward pads it (its backward relies on
+// that instead of bound checks).
 torch::Tensor padded_lse(const torch::Tensor& lse) {
   const int64_t c = lse.size(-1), padded = (c + kCudaLseAlignment - 1) / kCudaLseAlignment * kCudaLseAlignment;
   if (padded == c) return lse.contiguous();
-  torch::Tensor out = torch::zeros({lse.size(0), lse.size(1), padded}, lse.options());
+  torch::Tensor out =
+      torch::full({lse.size(0), lse.size(1), padded}, std::numeric_limits<float>::infinity(), lse.options());
   out.narrow(-1, 0, c).copy_(lse);
   return out;
 }
+
+// [B, h, c, d] laid out as [B, c, h, d] in memory: the kernel's backward
+// views its output and the output's gradient so, and steps between their
+// rows by h x d whatever their strides say.
+torch::Tensor token_major(const torch::Tensor& x) { return x.transpose(1, 2).contiguous().transpose(1, 2); }
 
 }  // namespace
 
 PairKernel pair_kernel(bool fused, const torch::Tensor& q) {
   if (!fused) return PairKernel::MatrixProducts;
   if (q.device().is_cpu()) return PairKernel::CpuFlash;
-  if (q.device().is_cuda()) return PairKernel::CudaEfficient;
+  // The memory-efficient kernels: fp32, and the half types with head_dim a
+  // multiple of 8 (their aligned variants; sdpa's own checks are skipped
+  // when the kernel is called directly).
+  const auto dtype = q.scalar_type();
+  const bool half = dtype == torch::kBFloat16 || dtype == torch::kHalf;
+  if (q.device().is_cuda() && (dtype == torch::kFloat || (half && q.size(-1) % 8 == 0)))
+    return PairKernel::CudaEfficient;
   return PairKernel::MatrixProducts;
 }
 
@@ -77,8 +91,8 @@ PairGradients pair_backward(const torch::Tensor& dout, const torch::Tensor& q, c
     // No dropout: the generator's seed and offset are not read.
     const torch::Tensor unused = torch::zeros({}, q.options().dtype(torch::kLong));
     auto [dq, dk, dv, dbias] = at::_scaled_dot_product_efficient_attention_backward(
-        dout.to(dtype).contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), torch::Tensor(),
-        out.to(dtype).contiguous(), padded_lse(lse), unused, unused, 0.0, {true, true, true, false}, causal, scale);
+        token_major(dout.to(dtype)), q.contiguous(), k.contiguous(), v.contiguous(), torch::Tensor(),
+        token_major(out.to(dtype)), padded_lse(lse), unused, unused, 0.0, {true, true, true, false}, causal, scale);
     return {dq.to(torch::kFloat), dk.to(torch::kFloat), dv.to(torch::kFloat)};
   }
   const torch::Tensor q32 = q.to(torch::kFloat), k32 = k.to(torch::kFloat), v32 = v.to(torch::kFloat);

@@ -14,9 +14,9 @@ enum class Pairs { None, Diagonal, All };
 // What computes a pair:
 // - CpuFlash: LibTorch's CPU flash kernel, which returns the log-sum-exp
 //   and holds no [c, c] scores;
-// - CudaEfficient: the memory-efficient CUDA kernel (any of fp32, fp16,
-//   bf16), which returns the log-sum-exp padded to a multiple of 32
-//   queries and holds no [c, c] scores either;
+// - CudaEfficient: the memory-efficient CUDA kernel (fp32, or fp16 and
+//   bf16 at a head_dim multiple of 8), which returns the log-sum-exp
+//   padded to a multiple of 32 queries and holds no [c, c] scores either;
 // - MatrixProducts: matrix products over the pair's scores in fp32, on any
 //   device (Ring::fused false).
 enum class PairKernel { MatrixProducts, CpuFlash, CudaEfficient };

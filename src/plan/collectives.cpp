@@ -92,6 +92,14 @@ void add_pipeline(const ModelSpec& model, const Layout& layout, Plan& plan) {
 void count_collectives(const ModelSpec& model, const Layout& layout, const FSDPOptions& fsdp, Plan& plan) {
   if (layout.ddp) {
     add_ddp_buckets(model, layout, plan);
+    // Interleaved chunks: DDP finds the chunks its last backward does not
+    // reach (find_unused_parameters), one int32 per parameter summed over
+    // the ranks (Reducer::parameters_used_anywhere).
+    if (!model.chunks.empty() && layout.world_size > 1) {
+      int64_t tensors = 0;
+      for (const auto& unit : model.units) tensors += static_cast<int64_t>(unit.parameters.size());
+      add(plan, "all_reduce", "used parameters (find_unused)", layout.world_size, tensors * 4);
+    }
     if (model.buffer_bytes > 0) add(plan, "broadcast", "buffers from rank 0", layout.world_size, model.buffer_bytes);
   } else {
     const int G = layout.group_size;

@@ -18,7 +18,11 @@
 // - DDP: the microbatches before the last run under no_sync, so their
 //   gradients accumulate as separate full-size tensors; in the last one each
 //   gradient is copied into its bucket when its bucket completes and the
-//   separate tensor is freed (src/ddp/reducer.cpp, mark_ready).
+//   separate tensor is freed (src/ddp/reducer.cpp, mark_ready). Interleaved,
+//   the step's last backward runs through chunk 0 only: the other chunks'
+//   gradients join their buckets after it, as unused parameters do.
+// - Interleaved (ModelSpec::chunks): each action runs through its chunk's
+//   description, its units at their places among the rank's.
 // - A microbatch's forward: a stage after the first allocates the activation
 //   it receives; the blocks save theirs (describe_gpt's, at the
 //   microbatch's size); the last stage computes the logits, keeps the

@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -422,8 +423,12 @@ TEST_F(CudaTraining, MemoryAccountingWithCudaTensors) {
 TEST_F(CudaTraining, RingAttentionPairsOnTheDeviceEqualFullAttention) {
   const int n = world().size(), r = world().rank();
   const dtrain::cp::Ring ring = dtrain::cp::make_ring(world_ptr());
-  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
-    const int64_t B = 2, H = 4, T = 64 * n, D = 32;
+  // Chunks of 32 and of 20 tokens (the CUDA kernel's log-sum-exp then padded).
+  for (const auto& [kind, length] : std::vector<std::pair<torch::ScalarType, int64_t>>{
+           {torch::kFloat, 32}, {torch::kBFloat16, 32}, {torch::kFloat, 20}, {torch::kBFloat16, 20}}) {
+    const torch::ScalarType dtype = kind;
+    const int64_t chunk = length;
+    const int64_t B = 2, H = 4, T = 2 * chunk * n, D = 32;
     torch::manual_seed(7);
     const auto on = torch::TensorOptions().device(device());
     const torch::Tensor q = torch::randn({B, H, T, D}, on).to(dtype).requires_grad_();
@@ -442,8 +447,8 @@ TEST_F(CudaTraining, RingAttentionPairsOnTheDeviceEqualFullAttention) {
     const double tolerance = dtype == torch::kFloat ? 1e-4 : 3e-2;
     const auto expect_close = [&](const torch::Tensor& got, const torch::Tensor& want, const char* what) {
       const double error = (got.to(torch::kFloat) - want.to(torch::kFloat)).abs().max().item<double>();
-      EXPECT_LT(error, tolerance) << what << " (" << (dtype == torch::kFloat ? "fp32" : "bf16") << ", rank " << r
-                                  << " of " << n << ")";
+      EXPECT_LT(error, tolerance) << what << " (" << (dtype == torch::kFloat ? "fp32" : "bf16") << ", chunks of "
+                                  << chunk << ", rank " << r << " of " << n << ")";
     };
     expect_close(out, shard(full), "output");
     expect_close(q_mine.grad(), shard(q.grad()), "dq");

@@ -19,6 +19,7 @@
 #include <dtrain/tp_llama.h>
 
 #include "../common/multirank_gtest.h"
+#include "expect_planned_peak.h"
 
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
@@ -34,6 +35,7 @@
 namespace {
 
 using dtrain::testing::world;
+using dtrain::testing::expect_planned_peak;
 using dtrain::testing::world_ptr;
 namespace plan = dtrain::plan;
 namespace pp = dtrain::pp;
@@ -89,15 +91,6 @@ void expect_units(const Engine& engine, const plan::ModelSpec& spec, const std::
     for (const auto& p : spec.units[u].parameters) names.push_back(p.name);
     EXPECT_EQ(names, units[u].parameters) << where << " unit '" << units[u].name << "'";
   }
-}
-
-void expect_close(int64_t measured, const plan::Plan& planned, const std::string& where) {
-  const double ratio = static_cast<double>(measured) / static_cast<double>(planned.peak.total());
-  std::printf("  rank %d, %s: measured %lld bytes, planned %lld (%.4f) at %s\n", world().rank(), where.c_str(),
-              static_cast<long long>(measured), static_cast<long long>(planned.peak.total()), ratio,
-              planned.peak_moment.c_str());
-  EXPECT_NEAR(ratio, 1.0, 0.05) << where << ": measured " << measured << " bytes, planned " << planned.peak.total()
-                                << " at " << planned.peak_moment;
 }
 
 struct PlannedRun {
@@ -168,7 +161,7 @@ TEST(MeasuredLlama, WholeModelPeakMatchesThePlan) {
             torch::nn::functional::cross_entropy(logits.flatten(0, -2), targets.flatten()).backward();
           });
         }
-        expect_close(measured, plan::make_plan(spec, options), where + " on " + std::to_string(world().size()));
+        expect_planned_peak(measured, plan::make_plan(spec, options), where + " on " + std::to_string(world().size()));
       }
     }
   }
@@ -211,7 +204,7 @@ TEST(MeasuredLlama, TensorParallelPeakMatchesThePlan) {
             model->loss(logits, targets).mean().backward();
           });
         }
-        expect_close(measured, plan::make_plan(spec, options), where);
+        expect_planned_peak(measured, plan::make_plan(spec, options), where);
       }
     }
   }
@@ -278,7 +271,7 @@ TEST(MeasuredLlama, ContextParallelPeakMatchesThePlan) {
             loss(engine.forward(model_forward, my_tokens), my_targets).backward();
           });
         }
-        expect_close(measured, plan::make_plan(spec, options), where);
+        expect_planned_peak(measured, plan::make_plan(spec, options), where);
       }
     }
   }
@@ -392,7 +385,7 @@ TEST(MeasuredLlama, PipelinePeakMatchesThePlan) {
             const std::string where = run.name() + (tied ? ", tied, " : ", ") + pp::schedule_name(schedule) + " on " +
                                       mesh.describe() + ", stage " + std::to_string(stage);
             const int64_t measured = measured_stage_peak(s, mesh, mesh.comm("dp"), run, options, spec, where);
-            expect_close(measured, plan::make_plan(spec, options), where);
+            expect_planned_peak(measured, plan::make_plan(spec, options), where);
           }
         }
       }
@@ -425,7 +418,7 @@ TEST(MeasuredLlama, PipelineOnSequenceSlicesAndShardsPeakMatchesThePlan) {
       const std::string where = run.name() + (ring ? ", ring attention" : ", sequence parallel") + " on " +
                                 mesh.describe() + ", stage " + std::to_string(stage);
       const int64_t measured = measured_stage_peak(s, mesh, engine_group, run, options, spec, where);
-      expect_close(measured, plan::make_plan(spec, options), where);
+      expect_planned_peak(measured, plan::make_plan(spec, options), where);
     }
   }
 }
