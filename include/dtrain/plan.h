@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dtrain::models {
@@ -177,6 +178,25 @@ ModelSpec describe_tp_gpt(const models::GPTConfig& config, int64_t batch_per_ran
 ModelSpec describe_gpt_stage(const models::GPTConfig& config, int64_t batch_per_rank, int microbatches,
                              torch::ScalarType compute_dtype, int stage, int stages, int tp = 1,
                              bool sequence_parallel = false, int cp = 1);
+// A link for the time a step's communication takes (Note [link cost],
+// src/plan/link_cost.cpp): one hop of a message of n bytes takes
+// latency_seconds + n / bytes_per_second.
+struct Link {
+  double latency_seconds = 0;
+  double bytes_per_second = 0;
+};
+// The latencies one call of `op` over `group_size` ranks crosses with ring
+// algorithms: G - 1 (all_gather, reduce_scatter, all_to_all, broadcast),
+// 2 (G - 1) (all_reduce), 1 (send). Throws std::invalid_argument for another op.
+int64_t latency_hops(const std::string& op, int group_size);
+// Seconds `c`'s calls take on `link`: calls x latency_hops x latency +
+// wire_bytes / bandwidth. Throws for a link without bandwidth.
+double collective_seconds(const Collective& c, const Link& link);
+// The link that fits measured (message bytes, seconds) pairs best (least
+// squares; a negative latency is taken as 0). Throws std::invalid_argument
+// for fewer than two sizes or times that do not grow with the size.
+Link fit_link(const std::vector<std::pair<int64_t, double>>& bytes_and_seconds);
+
 // Interleaved 1F1B (pp::Schedule::Interleaved): rank `rank` of `ranks`
 // holding the model's stages rank, rank + ranks, ... of ranks x V, described
 // by `chunks` in that order (describe_gpt_stage or describe_llama_stage with

@@ -209,6 +209,36 @@ dtrain::models::GPTConfig measured_gpt() {
   return config;
 }
 
+// The α-β link cost (Note [link cost]) with hand-computed values.
+TEST(LinkCost, RingHopsAndWireBytesOverTheLink) {
+  EXPECT_EQ(plan::latency_hops("all_reduce", 4), 6);
+  EXPECT_EQ(plan::latency_hops("all_gather", 4), 3);
+  EXPECT_EQ(plan::latency_hops("reduce_scatter", 8), 7);
+  EXPECT_EQ(plan::latency_hops("send", 2), 1);
+  EXPECT_EQ(plan::latency_hops("all_reduce", 1), 0);
+  EXPECT_THROW(plan::latency_hops("gossip", 4), std::invalid_argument);
+  // Two all-reduces of 1 MB each over 4 ranks: 1.5 MB on the wire per call.
+  const plan::Collective reduce{"all_reduce", "gradients", 4, 2, 2'000'000, 3'000'000};
+  const plan::Link link{1e-5, 1e9};
+  EXPECT_DOUBLE_EQ(plan::collective_seconds(reduce, link), 2 * 6 * 1e-5 + 3e6 / 1e9);
+  const plan::Collective send{"send", "activations, pipeline", 2, 4, 4096, 4096};
+  EXPECT_DOUBLE_EQ(plan::collective_seconds(send, link), 4 * 1e-5 + 4096 / 1e9);
+  EXPECT_THROW(plan::collective_seconds(send, plan::Link{1e-5, 0}), std::invalid_argument);
+}
+
+TEST(LinkCost, FitRecoversTheLinkFromItsTimes) {
+  const plan::Link truth{2e-5, 5e8};
+  std::vector<std::pair<int64_t, double>> measured;
+  for (int64_t bytes : {1024, 65536, 1 << 20, 16 << 20})
+    measured.emplace_back(bytes, truth.latency_seconds + static_cast<double>(bytes) / truth.bytes_per_second);
+  const plan::Link fitted = plan::fit_link(measured);
+  EXPECT_NEAR(fitted.latency_seconds, truth.latency_seconds, 1e-12);
+  EXPECT_NEAR(fitted.bytes_per_second / truth.bytes_per_second, 1.0, 1e-9);
+  EXPECT_THROW(plan::fit_link({{1024, 1e-3}}), std::invalid_argument);
+  EXPECT_THROW(plan::fit_link({{1024, 2e-3}, {4096, 1e-3}}), std::invalid_argument);  // faster when larger
+  EXPECT_EQ(plan::fit_link({{1000, 0.5e-6}, {2000, 3e-6}}).latency_seconds, 0.0);  // a negative latency is 0
+}
+
 // Every strategy, and the sharded ones also with activation checkpointing
 // (FSDPOptions::activation_checkpointing: each block recomputed in its
 // backward). At 2 windows per rank the activations are a small part of the
