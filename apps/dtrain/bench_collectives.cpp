@@ -4,6 +4,7 @@
 #include "relaunch.h"
 
 #include "dtrain/comm.h"
+#include "dtrain/plan.h"
 #include "common/timing.h"
 
 #include <ATen/Parallel.h>
@@ -94,6 +95,36 @@ struct Row {
   double dtrain_seconds, blocking_seconds;
   std::optional<double> raw_seconds;
 };
+
+// Each operation's ring α-β link (Note [link cost], src/plan/link_cost.cpp)
+// fitted to dtrain's times per call: t = hops x α + wire bytes / β, the
+// cost model dtrain plan's step time is to use (issue 40). None at 1 rank,
+// or where the times do not grow with the size.
+struct LinkFit {
+  Op op;
+  plan::Link link;  // per hop
+};
+
+std::vector<LinkFit> fit_links(const std::vector<Row>& rows, int n) {
+  std::vector<LinkFit> fits;
+  if (n < 2) return fits;
+  for (Op op : {Op::AllReduce, Op::AllGather, Op::ReduceScatter}) {
+    std::vector<std::pair<int64_t, double>> points;
+    for (const Row& row : rows) {
+      if (row.op != op) continue;
+      const int64_t share = row.bytes / n * (n - 1);
+      points.emplace_back(op == Op::AllReduce ? 2 * share : share, row.dtrain_seconds);
+    }
+    try {
+      plan::Link link = plan::fit_link(points);
+      link.latency_seconds /= static_cast<double>(plan::latency_hops(op_name(op), n));
+      fits.push_back({op, link});
+    } catch (const std::invalid_argument&) {
+      // fewer than two sizes, or noise beyond the sizes' effect: no link to report
+    }
+  }
+  return fits;
+}
 
 }  // namespace
 
@@ -193,6 +224,10 @@ int bench_collectives_rank(const BenchCollectivesOptions& options) {
     std::printf("\nbus bandwidth as defined by nccl-tests (GB/s = 1e9 bytes/s), %d ranks, backend %s, fp32\n", n,
                 world->backend_name().c_str());
     if (!raw_mpi) std::printf("no raw column: on c10d the process group is reachable only through dtrain\n");
+    const std::vector<LinkFit> links = fit_links(rows, n);
+    for (const auto& fit : links)
+      std::printf("link fit, %-14s (ring alpha-beta of dtrain's times): latency %.2f us per hop, bandwidth %.3f GB/s\n",
+                  op_name(fit.op), fit.link.latency_seconds * 1e6, fit.link.bytes_per_second / 1e9);
     if (!options.json_path.empty()) {
       nlohmann::json results = nlohmann::json::array();
       for (const auto& row : rows) {
@@ -208,8 +243,14 @@ int bench_collectives_rank(const BenchCollectivesOptions& options) {
                            {"dtrain_blocking_us", row.blocking_seconds * 1e6},
                            {"raw_us", row.raw_seconds ? nlohmann::json(*row.raw_seconds * 1e6) : nlohmann::json()}});
       }
-      if (!write_json_file(options.json_path,
-                           nlohmann::json{{"threads_per_rank", at::get_num_threads()}, {"results", results}})) {
+      nlohmann::json fitted = nlohmann::json::array();
+      for (const auto& fit : links)
+        fitted.push_back({{"op", op_name(fit.op)},
+                          {"latency_seconds", fit.link.latency_seconds},
+                          {"bytes_per_second", fit.link.bytes_per_second}});
+      if (!write_json_file(options.json_path, nlohmann::json{{"threads_per_rank", at::get_num_threads()},
+                                                             {"results", results},
+                                                             {"links", fitted}})) {
         std::cerr << "dtrain: cannot write " << options.json_path << std::endl;
         return 1;
       }

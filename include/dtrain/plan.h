@@ -193,8 +193,9 @@ int64_t latency_hops(const std::string& op, int group_size);
 // wire_bytes / bandwidth. Throws for a link without bandwidth.
 double collective_seconds(const Collective& c, const Link& link);
 // The link that fits measured (message bytes, seconds) pairs best (least
-// squares; a negative latency is taken as 0). Throws std::invalid_argument
-// for fewer than two sizes or times that do not grow with the size.
+// squares of the relative error; a negative latency is taken as 0). Throws
+// std::invalid_argument for fewer than two sizes, a time that is not
+// positive, or times that do not grow with the size.
 Link fit_link(const std::vector<std::pair<int64_t, double>>& bytes_and_seconds);
 
 // Interleaved 1F1B (pp::Schedule::Interleaved): rank `rank` of `ranks`

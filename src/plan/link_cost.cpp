@@ -9,8 +9,8 @@
 // its wire bytes (collectives.cpp: (G - 1)/G of the payload, twice that for
 // all-reduce, all of it for a send), so a Collective of `calls` calls takes
 // calls x hops x α + wire_bytes / β. A send is one hop. The fit of α and β to
-// measured times is ordinary least squares of t = α + n / β over the
-// message sizes (the model's two parameters are linear in 1 and n).
+// measured times is least squares of t = α + n / β over the message sizes,
+// in relative error (the model's two parameters are linear in 1 and n).
 #include "dtrain/plan.h"
 
 #include <algorithm>
@@ -40,24 +40,27 @@ double collective_seconds(const Collective& c, const Link& link) {
 }
 
 Link fit_link(const std::vector<std::pair<int64_t, double>>& bytes_and_seconds) {
-  const double n = static_cast<double>(bytes_and_seconds.size());
-  double mean_bytes = 0, mean_seconds = 0;
+  // Weighted least squares with weights 1 / t^2: the sizes span decades, and
+  // an unweighted fit would leave the latency to the largest messages' noise.
+  double w = 0, wn = 0, wnn = 0, wt = 0, wnt = 0;
   for (const auto& [bytes, seconds] : bytes_and_seconds) {
-    mean_bytes += static_cast<double>(bytes) / n;
-    mean_seconds += seconds / n;
+    if (!(seconds > 0))
+      throw std::invalid_argument("plan: a measured time must be positive, got " + std::to_string(seconds));
+    const double weight = 1.0 / (seconds * seconds), n = static_cast<double>(bytes);
+    w += weight;
+    wn += weight * n;
+    wnn += weight * n * n;
+    wt += weight * seconds;
+    wnt += weight * n * seconds;
   }
-  double covariance = 0, variance = 0;
-  for (const auto& [bytes, seconds] : bytes_and_seconds) {
-    covariance += (static_cast<double>(bytes) - mean_bytes) * (seconds - mean_seconds);
-    variance += (static_cast<double>(bytes) - mean_bytes) * (static_cast<double>(bytes) - mean_bytes);
-  }
-  if (bytes_and_seconds.size() < 2 || variance <= 0)
+  const double determinant = w * wnn - wn * wn;
+  if (bytes_and_seconds.size() < 2 || !(determinant > 0))
     throw std::invalid_argument("plan: fitting a link needs messages of at least two sizes");
-  const double per_byte = covariance / variance;
+  const double per_byte = (w * wnt - wn * wt) / determinant;
   if (!(per_byte > 0))
     throw std::invalid_argument("plan: the measured times do not grow with the message size; no bandwidth to fit");
   // A negative intercept (noise at small sizes) is no latency at all.
-  return {std::max(0.0, mean_seconds - per_byte * mean_bytes), 1.0 / per_byte};
+  return {std::max(0.0, (wt - per_byte * wn) / w), 1.0 / per_byte};
 }
 
 }  // namespace dtrain::plan
