@@ -11,8 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -56,6 +58,7 @@ struct Resolved {
   int nproc = 1, tp = 1, pp = 1, cp = 1;
   int dp = 1;                 // the data-parallel groups (the engine runs over dp x cp)
   int rank = 0;               // in the world
+  std::optional<plan::Link> link;  // --link
   // --pp: the model of each stage (the planned rank's is `model`).
   std::vector<plan::ModelSpec> stages;
   std::string activations;  // where the activations came from (train::PlannedModel)
@@ -147,6 +150,28 @@ TrainConfig train_config_of(const PlanFlags& f, const ModelSpec& spec) {
   config.virtual_stages = f.virtual_stages;
   config.data = spec.token_sequences ? "text:/usr/share/games/fortunes" : "fashion-mnist";  // dtrain train's defaults
   return config;
+}
+
+// --link LATENCY_US,GB_PER_S.
+plan::Link parse_link(const std::string& text) {
+  const std::string usage = "--link '" + text + "' must be LATENCY_US,GB_PER_S: one hop's latency in microseconds "
+                            "and the bandwidth in GB/s, e.g. 10,4 (`dtrain bench collectives` fits both)";
+  const auto comma = text.find(',');
+  if (comma == std::string::npos) throw std::invalid_argument(usage);
+  double latency_us = 0, gbps = 0;
+  try {
+    size_t used = 0;
+    latency_us = std::stod(text.substr(0, comma), &used);
+    if (used != comma) throw std::invalid_argument(usage);
+    const std::string bandwidth = text.substr(comma + 1);
+    gbps = std::stod(bandwidth, &used);
+    if (used != bandwidth.size()) throw std::invalid_argument(usage);
+  } catch (const std::logic_error&) {
+    throw std::invalid_argument(usage);
+  }
+  if (!(latency_us >= 0) || !(gbps > 0) || !std::isfinite(latency_us) || !std::isfinite(gbps))
+    throw std::invalid_argument(usage + "; the latency must be >= 0 and the bandwidth > 0");
+  return {latency_us * 1e-6, gbps * 1e9};
 }
 
 Resolved resolve(const PlanFlags& f) {
@@ -258,6 +283,7 @@ Resolved resolve(const PlanFlags& f) {
   r.options.init_from = !f.init_from.empty();
   r.options.checkpoint_async = f.checkpoint_async;
   r.optimizer = f.optimizer.empty() ? (sequences ? "adamw" : "sgd") : f.optimizer;
+  if (!f.link.empty()) r.link = parse_link(f.link);
   r.options.optimizer = plan::optimizer_from(r.optimizer, f.momentum);
 
   const auto compute = r.options.fsdp.mixed_precision.param_dtype;
@@ -337,6 +363,13 @@ void print_pipeline(const Resolved& r, const plan::Plan& p) {
   }
 }
 
+// --link: every collective's time summed, none overlapped with compute.
+double communication_seconds(const Resolved& r, const plan::Plan& p) {
+  double seconds = 0;
+  for (const auto& c : p.collectives) seconds += plan::collective_seconds(c, *r.link);
+  return seconds;
+}
+
 void print(const Resolved& r, const plan::Plan& p) {
   const auto& model = r.model;
   std::printf("dtrain plan: %s\n", model.description.c_str());
@@ -405,9 +438,15 @@ void print(const Resolved& r, const plan::Plan& p) {
     std::printf("\n");
   }
   for (const auto& c : p.collectives) {
-    std::printf("  %-15s %-33s group %-3d %4lld calls %12s  sent %12s\n", c.op.c_str(), c.what.c_str(), c.group_size,
+    std::printf("  %-15s %-33s group %-3d %4lld calls %12s  sent %12s", c.op.c_str(), c.what.c_str(), c.group_size,
                 static_cast<long long>(c.calls), human(c.payload_bytes).c_str(), human(c.wire_bytes).c_str());
+    if (r.link) std::printf("  %9.3f ms", plan::collective_seconds(c, *r.link) * 1e3);
+    std::printf("\n");
   }
+  if (r.link)
+    std::printf("Communication time per step on --link (%.2f us per hop, %.3f GB/s; alpha-beta, ring algorithms, "
+                "nothing overlapped): %.3f ms\n",
+                r.link->latency_seconds * 1e6, r.link->bytes_per_second / 1e9, communication_seconds(r, p) * 1e3);
 }
 
 nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
@@ -416,9 +455,11 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
     units.push_back({{"name", u.name}, {"numel", u.numel}, {"padded_numel", u.padded_numel},
                      {"shard_numel", u.shard_numel}, {"gathered_bytes", u.gathered_bytes}});
   nlohmann::json collectives = nlohmann::json::array();
-  for (const auto& c : p.collectives)
+  for (const auto& c : p.collectives) {
     collectives.push_back({{"op", c.op}, {"what", c.what}, {"group_size", c.group_size}, {"calls", c.calls},
                            {"payload_bytes", c.payload_bytes}, {"wire_bytes", c.wire_bytes}});
+    if (r.link) collectives.back()["seconds"] = plan::collective_seconds(c, *r.link);
+  }
   nlohmann::json pipeline = nullptr;
   if (r.pp > 1) {
     nlohmann::json stages = nlohmann::json::array();
@@ -466,7 +507,11 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
           {"units", units},
           {"collectives", collectives},
           {"payload_bytes_per_step", p.payload_bytes_per_step},
-          {"wire_bytes_per_step", p.wire_bytes_per_step}};
+          {"wire_bytes_per_step", p.wire_bytes_per_step},
+          {"link", r.link ? nlohmann::json{{"latency_seconds", r.link->latency_seconds},
+                                           {"bytes_per_second", r.link->bytes_per_second}}
+                          : nlohmann::json()},
+          {"communication_seconds", r.link ? nlohmann::json(communication_seconds(r, p)) : nlohmann::json()}};
 }
 
 }  // namespace
@@ -550,6 +595,9 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
       ->check(at_least(1))->capture_default_str();
   cmd->add_option("--pp-gather", f.pp_gather, "With --pp and a sharded strategy: step | microbatch (as dtrain train)")
       ->check(CLI::IsMember({"step", "microbatch"}))->capture_default_str();
+  cmd->add_option("--link", f.link,
+                  "LATENCY_US,GB_PER_S: each collective's time per step on one alpha-beta link (ring algorithms, "
+                  "nothing overlapped); `dtrain bench collectives` fits both");
   cmd->add_flag("--json", f.json, "Print the plan as JSON");
   cmd->add_flag("--probe", f.probe,
                 "Measure the activations with one forward and backward of the model at two small batches, even "

@@ -51,6 +51,9 @@ struct PlanFlags {
   std::string schedule = "1f1b";  // 1f1b | gpipe | interleaved
   int virtual_stages = 1;         // interleaved: model chunks per pipeline rank
   std::string pp_gather = "step";  // step | microbatch (sharded strategies)
+  // --link LATENCY_US,GB_PER_S: the time each collective takes on one
+  // alpha-beta link (plan::Link; `dtrain bench collectives` fits them).
+  std::string link;
   bool json = false;
   bool probe = false;  // measure the activations even where the model's spec describes them
 };
