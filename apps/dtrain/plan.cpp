@@ -95,16 +95,7 @@ void check_context_parallel_flags(const PlanFlags& f, const ModelSpec& spec) {
 }
 
 void check_pipeline_flags(const PlanFlags& f, const ModelSpec& spec) {
-  if (f.schedule == "interleaved" && f.virtual_stages < 2)
-    throw std::invalid_argument("--schedule interleaved runs several model chunks per pipeline rank: it needs "
-                                "--virtual-stages V with V >= 2");
-  if (f.virtual_stages > 1 && f.schedule != "interleaved")
-    throw std::invalid_argument("--virtual-stages " + std::to_string(f.virtual_stages) +
-                                " needs --schedule interleaved (" + f.schedule + " runs one stage per rank)");
   if (f.pp == 1) {
-    if (f.virtual_stages > 1)
-      throw std::invalid_argument("--virtual-stages splits the model into chunks per pipeline rank: it needs --pp N "
-                                  "with N > 1");
     if (f.microbatches > 1)
       throw std::invalid_argument("--microbatches splits a pipeline's batch between its stages: it needs --pp N with N > 1");
     if (f.pp_gather != "step")
@@ -121,10 +112,6 @@ void check_pipeline_flags(const PlanFlags& f, const ModelSpec& spec) {
   if (f.probe)
     throw std::invalid_argument("--probe measures a whole model or a tensor-parallel slice of it, not a pipeline stage: "
                                 "leave out --probe or " + pp);
-  if (f.virtual_stages > 1 && f.microbatches % f.pp != 0)
-    throw std::invalid_argument("--schedule interleaved runs the microbatches in groups of " + pp + ": --microbatches " +
-                                std::to_string(f.microbatches) + " is not a multiple of " + std::to_string(f.pp) +
-                                " (as dtrain train)");
 }
 
 // What dtrain train would run: the flags the plan shares with it.
@@ -186,6 +173,7 @@ Resolved resolve(const PlanFlags& f) {
                                 "into tensor-parallel layers, which --model " + f.model + "'s spec does not have");
   r.pp = f.pp;
   r.cp = f.cp;
+  check_pipeline_schedule(config);  // as dtrain train refuses them
   check_pipeline_flags(f, spec);
   check_context_parallel_flags(f, spec);
   if (f.cp > 1 && f.nproc % (f.tp * f.pp * f.cp) != 0)

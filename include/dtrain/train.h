@@ -255,6 +255,10 @@ TrainResult run_training(const TrainConfig& config, CommPtr world);
 // exist (and the --init-from file), without reading them. run_training()
 // calls it first.
 void check_train_config(const TrainConfig& config, int world_size);
+// --schedule and --virtual-stages against --pp and --microbatches: the part
+// of check_train_config that `dtrain plan` shares. Throws
+// std::invalid_argument naming the flag.
+void check_pipeline_schedule(const TrainConfig& config);
 
 // Fills in the model and its architecture from a Hugging Face config.json:
 // config.model_config, or else config.init_from's when that is a model

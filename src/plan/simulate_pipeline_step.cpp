@@ -48,6 +48,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,17 +67,24 @@ class PipelineReplay {
     for (const auto& unit : model_.units) flats_.push_back(flat_layout(unit, layout_));
     full_.assign(flats_.size(), false);
     arrived_.assign(flats_.size(), false);
-    // The rank's chunks (one but when interleaved), each unit at its place
-    // among the rank's units.
-    if (model_.chunks.empty()) {
-      chunks_.push_back({&model_, {}});
-      for (size_t u = 0; u < model_.units.size(); ++u) chunks_.back().at.push_back(u);
+    // The rank's chunks (the stage itself but when interleaved), each unit
+    // at its place among the rank's units: the root is every chunk's, the
+    // others are found by name (interleave_stages keeps them all).
+    std::vector<const ModelSpec*> chunks{&model_};
+    if (!model_.chunks.empty()) {
+      chunks.clear();
+      for (const ModelSpec& chunk : model_.chunks) chunks.push_back(&chunk);
     }
-    for (const ModelSpec& chunk : model_.chunks) {
-      chunks_.push_back({&chunk, {0}});
-      for (size_t u = 1; u < chunk.units.size(); ++u)
-        for (size_t m = 1; m < model_.units.size(); ++m)
-          if (model_.units[m].name == chunk.units[u].name) chunks_.back().at.push_back(m);
+    for (const ModelSpec* chunk : chunks) {
+      chunks_.push_back({chunk, {0}});
+      for (size_t u = 1; u < chunk->units.size(); ++u) {
+        const auto found = std::find_if(model_.units.begin() + 1, model_.units.end(),
+                                        [&](const UnitSpec& unit) { return unit.name == chunk->units[u].name; });
+        if (found == model_.units.end())
+          throw std::logic_error("plan: a chunk's unit '" + chunk->units[u].name +
+                                 "' is not among the rank's (a bug in dtrain plan)");
+        chunks_.back().at.push_back(static_cast<size_t>(found - model_.units.begin()));
+      }
     }
   }
 

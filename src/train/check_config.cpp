@@ -264,11 +264,9 @@ void check_context_parallel_flags(const TrainConfig& c, const ModelSpec& spec, i
   if (c.balance) fail(cp + " does not work with --balance (the cp ranks of a dp group share one batch part)");
 }
 
-// --pp N: a (dp, pp) mesh of GPT stages (dtrain/pipeline.h). What it does
-// not combine with yet is refused here, naming the flag.
-void check_pipeline_flags(const TrainConfig& c, const ModelSpec& spec, int world_size) {
-  if (c.pp < 1) fail("--pp must be >= 1, got " + std::to_string(c.pp));
-  if (c.microbatches < 1) fail("--microbatches must be >= 1, got " + std::to_string(c.microbatches));
+}  // namespace
+
+void check_pipeline_schedule(const TrainConfig& c) {
   if (!one_of(c.schedule, {"1f1b", "gpipe", "interleaved"}))
     fail("--schedule '" + c.schedule + "' is not one of: 1f1b, gpipe, interleaved");
   if (c.virtual_stages < 1) fail("--virtual-stages must be >= 1, got " + std::to_string(c.virtual_stages));
@@ -277,13 +275,26 @@ void check_pipeline_flags(const TrainConfig& c, const ModelSpec& spec, int world
   if (c.virtual_stages > 1 && c.schedule != "interleaved")
     fail("--virtual-stages " + std::to_string(c.virtual_stages) + " needs --schedule interleaved (" + c.schedule +
          " runs one stage per rank)");
+  if (c.virtual_stages == 1) return;
+  if (c.pp <= 1) fail("--virtual-stages splits the model into chunks per pipeline rank: it needs --pp N with N > 1");
+  if (c.microbatches % c.pp != 0)
+    fail("--schedule interleaved runs the microbatches in groups of --pp " + std::to_string(c.pp) +
+         ": --microbatches " + std::to_string(c.microbatches) + " is not a multiple of " + std::to_string(c.pp));
+}
+
+namespace {
+
+// --pp N: a (dp, pp) mesh of GPT stages (dtrain/pipeline.h). What it does
+// not combine with yet is refused here, naming the flag.
+void check_pipeline_flags(const TrainConfig& c, const ModelSpec& spec, int world_size) {
+  if (c.pp < 1) fail("--pp must be >= 1, got " + std::to_string(c.pp));
+  if (c.microbatches < 1) fail("--microbatches must be >= 1, got " + std::to_string(c.microbatches));
+  check_pipeline_schedule(c);
   if (!one_of(c.pp_gather, {"step", "microbatch"})) fail("--pp-gather '" + c.pp_gather + "' is not one of: step, microbatch");
   if (c.pp == 1) {
     if (c.microbatches > 1)
       fail("--microbatches splits a pipeline's batch between its stages: it needs --pp N with N > 1");
     if (c.pp_gather != "step") fail("--pp-gather says how a pipeline stage gathers its units: it needs --pp N with N > 1");
-    if (c.virtual_stages > 1)
-      fail("--virtual-stages splits the model into chunks per pipeline rank: it needs --pp N with N > 1");
     return;
   }
   const std::string pp = "--pp " + std::to_string(c.pp);
@@ -302,9 +313,6 @@ void check_pipeline_flags(const TrainConfig& c, const ModelSpec& spec, int world
     fail("--pp-gather " + c.pp_gather + " says when a sharded strategy gathers a stage's units: it needs --strategy "
          "zero1, zero2, fsdp or hsdp, not " + c.strategy);
   if (c.balance) fail(pp + " does not work with --balance (a batch part splits into equal microbatches)");
-  if (c.virtual_stages > 1 && c.microbatches % c.pp != 0)
-    fail("--schedule interleaved runs the microbatches in groups of " + pp + ": --microbatches " +
-         std::to_string(c.microbatches) + " is not a multiple of " + std::to_string(c.pp));
   const int dp = world_size / (c.pp * c.cp * c.tp);
   if (c.batch_size % (static_cast<int64_t>(dp) * c.microbatches) != 0)
     fail("--batch-size " + std::to_string(c.batch_size) + " must split into " + std::to_string(dp) +
