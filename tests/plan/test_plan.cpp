@@ -17,7 +17,7 @@
 #include <dtrain/train.h>
 
 #include "../common/multirank_gtest.h"
-#include "expect_planned_peak.h"
+#include "plan_test_support.h"
 #include "train/pipeline_chunks.h"
 
 #include <gtest/gtest.h>
@@ -35,6 +35,7 @@
 namespace {
 
 using dtrain::testing::world;
+using dtrain::testing::engine_forward;
 using dtrain::testing::expect_planned_peak;
 using dtrain::testing::world_ptr;
 namespace plan = dtrain::plan;
@@ -506,11 +507,7 @@ TEST(Measured, PipelinePeakMatchesThePlan) {
             return static_cast<dtrain::models::TPGPTStageImpl&>(*module).loss(logits, t).mean();
           };
           const auto forward = [&](const torch::Tensor& x) {
-            if (ddp) {
-              ddp->before_forward();
-              return stage_forward(x);
-            }
-            return fsdp->forward_root([&] { return stage_forward(fsdp->compute_input(x)); });
+            return engine_forward(ddp.get(), fsdp.get(), stage_forward, x);
           };
           for (int step = 0; step < 3; ++step) {
             dtrain::memory::reset_peak();
@@ -629,11 +626,7 @@ TEST(Measured, InterleavedPipelinePeakMatchesThePlan) {
       auto targets = torch::randint(0, 256, {kPart, config.seq_len}, torch::kLong);
       const auto forward = [&](int chunk, const torch::Tensor& x) {
         built->select(chunk);
-        if (ddp) {
-          ddp->before_forward();
-          return model.forward(x);
-        }
-        return fsdp->forward_root([&] { return model.forward(fsdp->compute_input(x)); });
+        return engine_forward(ddp.get(), fsdp.get(), model.forward, x);
       };
       const auto loss = [&](const torch::Tensor& logits, const torch::Tensor& t) {
         if (model.loss) return model.loss(logits, t).mean();  // the built-ins' default: cross-entropy

@@ -19,7 +19,7 @@
 #include <dtrain/tp_llama.h>
 
 #include "../common/multirank_gtest.h"
-#include "expect_planned_peak.h"
+#include "plan_test_support.h"
 
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
@@ -72,13 +72,35 @@ struct Engine {
   }
   torch::Tensor forward(const std::function<torch::Tensor(const torch::Tensor&)>& module_forward,
                         const torch::Tensor& x) {
-    if (ddp) {
-      ddp->before_forward();
-      return module_forward(x);
-    }
-    return fsdp->forward_root([&] { return module_forward(fsdp->compute_input(x)); });
+    return dtrain::testing::engine_forward(ddp.get(), fsdp.get(), module_forward, x);
   }
 };
+
+// Llama (tp_group null) or this rank's TPLlama slice, of `part` (the whole
+// model by default), built deferred under the sharded strategies as dtrain
+// train builds it; its forward and the loss dtrain train takes of it.
+struct BuiltLlama {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
+};
+
+BuiltLlama build_llama(const dtrain::models::LlamaConfig& config, const std::string& strategy,
+                       const dtrain::CommPtr& tp_group, bool sequence_parallel = false,
+                       dtrain::models::LlamaPart part = {}) {
+  std::optional<dtrain::DeferredConstruction> deferred;
+  if (strategy != "ddp") deferred.emplace();
+  if (!tp_group) {
+    auto llama = dtrain::models::Llama(config, part);
+    return {llama.ptr(), [llama](const torch::Tensor& x) mutable { return llama->forward(x); },
+            [](const torch::Tensor& logits, const torch::Tensor& t) {
+              return torch::nn::functional::cross_entropy(logits.flatten(0, -2), t.flatten());
+            }};
+  }
+  auto llama = dtrain::models::TPLlama(config, tp_group, sequence_parallel, part);
+  return {llama.ptr(), [llama](const torch::Tensor& x) mutable { return llama->forward(x); },
+          [llama](const torch::Tensor& logits, const torch::Tensor& t) { return llama->loss(logits, t).mean(); }};
+}
 
 void expect_units(const Engine& engine, const plan::ModelSpec& spec, const std::string& where) {
   if (!engine.fsdp || world().rank() != 0) return;
@@ -237,28 +259,8 @@ TEST(MeasuredLlama, ContextParallelPeakMatchesThePlan) {
         const std::string where = run.name() + " on " + mesh.describe();
         {
           torch::manual_seed(0);
-          std::shared_ptr<torch::nn::Module> module;
-          std::function<torch::Tensor(const torch::Tensor&)> model_forward;
-          std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
-          {
-            std::optional<dtrain::DeferredConstruction> deferred;
-            if (run.strategy != "ddp") deferred.emplace();
-            if (tp == 1) {
-              auto llama = dtrain::models::Llama(config);
-              module = llama.ptr();
-              model_forward = [llama](const torch::Tensor& x) mutable { return llama->forward(x); };
-              loss = [](const torch::Tensor& logits, const torch::Tensor& t) {
-                return torch::nn::functional::cross_entropy(logits.flatten(0, -2), t.flatten());
-              };
-            } else {
-              auto llama = dtrain::models::TPLlama(config, mesh.comm("tp"));
-              module = llama.ptr();
-              model_forward = [llama](const torch::Tensor& x) mutable { return llama->forward(x); };
-              loss = [llama](const torch::Tensor& logits, const torch::Tensor& t) {
-                return llama->loss(logits, t).mean();
-              };
-            }
-          }
+          const BuiltLlama built = build_llama(config, run.strategy, tp > 1 ? mesh.comm("tp") : nullptr);
+          const auto& [module, model_forward, loss] = built;
           Engine engine(module, engine_group, run.strategy, options.fsdp);
           expect_units(engine, spec, where);
           torch::optim::AdamW optimizer(engine.parameters, torch::optim::AdamWOptions(1e-4).weight_decay(0.01));
@@ -302,26 +304,9 @@ int64_t measured_stage_peak(const StageRun& s, const dtrain::DeviceMesh& mesh, c
   world().barrier()->wait();
   const int64_t before = dtrain::memory::live_bytes();
   torch::manual_seed(0);
-  std::shared_ptr<torch::nn::Module> module;
-  std::function<torch::Tensor(const torch::Tensor&)> stage_forward;
-  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
-  {
-    std::optional<dtrain::DeferredConstruction> deferred;
-    if (run.strategy != "ddp") deferred.emplace();
-    if (tp == 1) {
-      auto llama = dtrain::models::Llama(config, part);
-      module = llama.ptr();
-      stage_forward = [llama](const torch::Tensor& x) mutable { return llama->forward(x); };
-      loss = [](const torch::Tensor& logits, const torch::Tensor& t) {
-        return torch::nn::functional::cross_entropy(logits.flatten(0, -2), t.flatten());
-      };
-    } else {
-      auto llama = dtrain::models::TPLlama(config, mesh.comm("tp"), s.sequence_parallel, part);
-      module = llama.ptr();
-      stage_forward = [llama](const torch::Tensor& x) mutable { return llama->forward(x); };
-      loss = [llama](const torch::Tensor& logits, const torch::Tensor& t) { return llama->loss(logits, t).mean(); };
-    }
-  }
+  const BuiltLlama built =
+      build_llama(config, run.strategy, tp > 1 ? mesh.comm("tp") : nullptr, s.sequence_parallel, part);
+  const auto& [module, stage_forward, loss] = built;
   Engine engine(module, engine_group, run.strategy, options.fsdp);
   expect_units(engine, spec, where);
   torch::Tensor tied_weight;
