@@ -68,6 +68,11 @@ struct UnitSpec {
   // root's tail saves). Its backward then holds activation_bytes again.
   // 0: not described (make_plan refuses to plan checkpointing then).
   int64_t checkpointed_activation_bytes = 0;
+  // FLOPs of its forward's matrix products at the planned batch (one
+  // microbatch on a pipeline stage): 2 per multiply-add, attention's scores
+  // and weighted sum at what a causal kernel computes (Note [step time],
+  // src/plan/step_time.cpp). Backward is twice this. 0: not described.
+  double forward_flops = 0;
 
   int64_t numel() const;
 };
@@ -97,6 +102,9 @@ struct ModelSpec {
   int64_t output_bytes = 0;      // the root's output, held by the caller until the step ends
   int64_t loss_bytes = 0;        // saved by the loss for backward (log-softmax)
   int64_t buffer_bytes = 0;      // module buffers (BatchNorm statistics), replicated on every rank
+  // FLOPs of the forward of the head the root's tail runs (the logits'
+  // matrix product), as UnitSpec::forward_flops counts them.
+  double head_forward_flops = 0;
   // Collectives the model itself issues per step (tensor parallelism's
   // activations over the tp group; payload over all calls, wire bytes left
   // for make_plan), beside the engine's over the data-parallel ranks.
@@ -253,6 +261,14 @@ enum class Optimizer {
 // `--optimizer adamw|sgd` with `--momentum`.
 Optimizer optimizer_from(const std::string& name, double momentum);
 
+// The rates a step's time is predicted at (Note [step time]): one rank's
+// share of its device.
+struct ComputeRates {
+  double flops_per_second = 0;         // matrix products in the compute dtype
+  double memory_bytes_per_second = 0;  // what elementwise kernels and the optimizer stream
+  bool known() const { return flops_per_second > 0 && memory_bytes_per_second > 0; }
+};
+
 struct PlanOptions {
   Engine engine = Engine::FSDP;
   // strategy, hybrid_group_size, mixed precision, prefetch,
@@ -280,6 +296,13 @@ struct PlanOptions {
   // microbatch's forward and backward instead of once per step
   // (dtrain train --pp-gather microbatch; FullyShardedBase::gather_for_step).
   bool gather_per_microbatch = false;
+  // The step's time (Plan::time) is predicted when `compute` is known and
+  // every collective has a link: `link` for the engine's (over the
+  // data-parallel ranks), `model_link` for the model's own (tensor, context
+  // and pipeline parallelism's).
+  ComputeRates compute;
+  Link link;
+  Link model_link;
 };
 
 // Bytes by what they hold.
@@ -301,6 +324,18 @@ struct UnitPlan {
   int64_t padded_numel = 0;  // a multiple of the sharding group size
   int64_t shard_numel = 0;
   int64_t gathered_bytes = 0;  // its full parameters in the compute dtype (0 when never gathered)
+};
+
+// A step's predicted time on one rank (Note [step time]).
+struct StepTime {
+  double seconds = 0;                 // forward to the optimizer step's end
+  double compute_seconds = 0;         // the compute stream's work (matrix products, memory traffic, optimizer)
+  double communication_seconds = 0;   // every collective's time, each as if alone on its link
+  // Time the compute stream waited for the engine's collectives, plus the
+  // model's own collectives, which it runs in line.
+  double exposed_communication_seconds = 0;
+  double bubble_seconds = 0;          // a pipeline stage's wait for its neighbours
+  bool predicted() const { return seconds > 0; }
 };
 
 struct Plan {
@@ -330,6 +365,7 @@ struct Plan {
   std::vector<Collective> collectives;
   int64_t payload_bytes_per_step = 0;
   int64_t wire_bytes_per_step = 0;
+  StepTime time;  // when PlanOptions has rates and links
 };
 
 // Throws std::invalid_argument for options the engines reject (a hybrid

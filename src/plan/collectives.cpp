@@ -28,16 +28,31 @@ int64_t wire(const std::string& op, int group, int64_t payload) {
   return op == "all_reduce" ? 2 * share : share;
 }
 
-void add(Plan& plan, const std::string& op, const std::string& what, int group, int64_t payload) {
+Collective one_call(const std::string& op, const std::string& what, int group, int64_t payload) {
+  return {op, what, group, 1, payload, wire(op, group, payload)};
+}
+
+// Adds a call (or calls) to the plan's kind of collective.
+void add(Plan& plan, const Collective& call) {
   for (auto& c : plan.collectives) {
-    if (c.op == op && c.what == what && c.group_size == group) {
-      ++c.calls;
-      c.payload_bytes += payload;
-      c.wire_bytes += wire(op, group, payload);
+    if (c.op == call.op && c.what == call.what && c.group_size == call.group_size) {
+      c.calls += call.calls;
+      c.payload_bytes += call.payload_bytes;
+      c.wire_bytes += call.wire_bytes;
       return;
     }
   }
-  plan.collectives.push_back({op, what, group, 1, payload, wire(op, group, payload)});
+  plan.collectives.push_back(call);
+}
+
+void add(Plan& plan, const std::string& op, const std::string& what, int group, int64_t payload) {
+  add(plan, one_call(op, what, group, payload));
+}
+
+// Unit::Unit's choice of formats for unit u.
+const CollectiveCompression& compression_of(const ModelSpec& model, size_t u, const FSDPOptions& fsdp) {
+  const auto found = fsdp.compression_by_unit.find(model.units[u].name);
+  return found != fsdp.compression_by_unit.end() ? found->second : fsdp.compression;
 }
 
 // DDP's buckets (src/ddp/bucket_assignment.cpp with the default caps):
@@ -89,6 +104,41 @@ void add_pipeline(const ModelSpec& model, const Layout& layout, Plan& plan) {
 
 }  // namespace
 
+Collective unit_all_gather(const ModelSpec& model, size_t u, const Layout& layout, const FSDPOptions& fsdp) {
+  const int G = layout.group_size;
+  const auto flat = flat_layout(model.units[u], layout);
+  const auto& compression = compression_of(model, u, fsdp);
+  auto format = fsdp_rules::effective_format(fsdp_rules::wire_format(compression.params), G);
+  if (format == fsdp_rules::WireFormat::BF16 && layout.compute_bytes == 2) format = fsdp_rules::WireFormat::Plain;
+  return one_call("all_gather", "parameters", G,
+                  G * fsdp_rules::record_bytes(format, flat.shard, compression.block_size, layout.compute_bytes));
+}
+
+std::vector<Collective> unit_reductions(const ModelSpec& model, size_t u, const Layout& layout,
+                                        const FSDPOptions& fsdp) {
+  const int G = layout.group_size;
+  const auto flat = flat_layout(model.units[u], layout);
+  const auto& compression = compression_of(model, u, fsdp);
+  const auto format = fsdp_rules::effective_format(fsdp_rules::wire_format(compression.grads), G);
+  std::vector<Collective> calls;
+  if (layout.strategy == Sharding::OptimizerOnly)
+    calls.push_back(one_call("all_reduce", "gradients", G, flat.padded * layout.reduce_bytes));
+  else if (format != fsdp_rules::WireFormat::Plain)
+    calls.push_back(one_call("all_to_all", "gradients, compressed", G,
+                             G * fsdp_rules::record_bytes(format, flat.shard, compression.block_size,
+                                                          layout.reduce_bytes)));
+  else
+    calls.push_back(one_call("reduce_scatter", "gradients", G, flat.padded * layout.reduce_bytes));
+  if (layout.replicas > 1)
+    calls.push_back(one_call("all_reduce", "gradient shards across replicas", layout.replicas,
+                             flat.shard * layout.reduce_bytes));
+  return calls;
+}
+
+int64_t wire_bytes(const std::string& op, int group_size, int64_t payload_bytes) {
+  return wire(op, group_size, payload_bytes);
+}
+
 void count_collectives(const ModelSpec& model, const Layout& layout, const FSDPOptions& fsdp, Plan& plan) {
   if (layout.ddp) {
     add_ddp_buckets(model, layout, plan);
@@ -102,46 +152,30 @@ void count_collectives(const ModelSpec& model, const Layout& layout, const FSDPO
     }
     if (model.buffer_bytes > 0) add(plan, "broadcast", "buffers from rank 0", layout.world_size, model.buffer_bytes);
   } else {
-    const int G = layout.group_size;
-    const bool gathers = !(G == 1 && layout.compute_bytes == layout.master_bytes);
+    const bool gathers = !(layout.group_size == 1 && layout.compute_bytes == layout.master_bytes);
     // A pipeline stage gathers each unit once per step (Note [pipeline steps]).
     const bool regather = model.pipeline.stages == 1 &&
                           (layout.strategy == Sharding::Full || layout.strategy == Sharding::Hybrid);
     for (size_t u = 0; u < model.units.size(); ++u) {
       if (model.units[u].parameters.empty()) continue;
-      const auto flat = flat_layout(model.units[u], layout);
-      // Unit::Unit's choice of formats.
-      const auto found = fsdp.compression_by_unit.find(model.units[u].name);
-      const auto& compression = found != fsdp.compression_by_unit.end() ? found->second : fsdp.compression;
-      auto param_format = fsdp_rules::effective_format(fsdp_rules::wire_format(compression.params), G);
-      if (param_format == fsdp_rules::WireFormat::BF16 && layout.compute_bytes == 2)
-        param_format = fsdp_rules::WireFormat::Plain;
-      const auto grad_format = fsdp_rules::effective_format(fsdp_rules::wire_format(compression.grads), G);
-      const int64_t gathered = G * fsdp_rules::record_bytes(param_format, flat.shard, compression.block_size,
-                                                           layout.compute_bytes);
+      Collective gather = unit_all_gather(model, u, layout, fsdp);
       if (gathers && model.pipeline.stages > 1 && layout.gather_per_microbatch && u != 0) {
         // FSDPState::gather_for_step(true): gathered for each microbatch's
         // forward, and again for its backward where the forward resharded.
         const bool reshards = fsdp_rules::reshard_after_forward(layout.strategy, false);
         for (int m = 0; m < model.pipeline.microbatches; ++m) {
-          add(plan, "all_gather", "parameters, microbatch forward", G, gathered);
-          if (reshards) add(plan, "all_gather", "parameters, microbatch backward", G, gathered);
+          gather.what = "parameters, microbatch forward";
+          add(plan, gather);
+          gather.what = "parameters, microbatch backward";
+          if (reshards) add(plan, gather);
         }
       } else if (gathers) {
-        add(plan, "all_gather", model.pipeline.stages > 1 ? "parameters, step" : "parameters, forward", G, gathered);
-        if (regather && u != 0) add(plan, "all_gather", "parameters, backward", G, gathered);
+        gather.what = model.pipeline.stages > 1 ? "parameters, step" : "parameters, forward";
+        add(plan, gather);
+        gather.what = "parameters, backward";
+        if (regather && u != 0) add(plan, gather);
       }
-      if (layout.strategy == Sharding::OptimizerOnly) {
-        add(plan, "all_reduce", "gradients", G, flat.padded * layout.reduce_bytes);
-      } else if (grad_format != fsdp_rules::WireFormat::Plain) {
-        add(plan, "all_to_all", "gradients, compressed", G,
-            G * fsdp_rules::record_bytes(grad_format, flat.shard, compression.block_size, layout.reduce_bytes));
-      } else {
-        add(plan, "reduce_scatter", "gradients", G, flat.padded * layout.reduce_bytes);
-      }
-      if (layout.replicas > 1) {
-        add(plan, "all_reduce", "gradient shards across replicas", layout.replicas, flat.shard * layout.reduce_bytes);
-      }
+      for (const auto& c : unit_reductions(model, u, layout, fsdp)) add(plan, c);
     }
   }
   if (model.pipeline.stages > 1) add_pipeline(model, layout, plan);

@@ -71,6 +71,7 @@ ModelSpec describe_gpt_stage(const models::GPTConfig& config, int64_t batch_per_
     model.root_tail_gradient_bytes = whole.root_tail_gradient_bytes;
     model.output_bytes = whole.output_bytes;
     model.loss_bytes = whole.loss_bytes;
+    model.head_forward_flops = whole.head_forward_flops;
   }
 
   const int64_t stage_blocks = blocks.last - blocks.first, C = config.n_embd;

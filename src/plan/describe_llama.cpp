@@ -62,6 +62,8 @@ ModelSpec describe_llama(const models::LlamaConfig& config, int64_t batch_per_ra
     const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
     const int64_t F = config.ffn_dim > 0 ? config.ffn_dim : models::default_ffn_dim(config.dim);
     detail::add_ring_attention(model, cp, batch_per_rank * local.seq_len, config.dim / tp, e, 4 * F / tp * e);
+    detail::set_transformer_flops(model, batch_per_rank * local.seq_len, config.seq_len, config.dim / tp,
+                                  config.vocab_size / tp * config.dim);
     return model;
   }
   if (batch_per_rank < 1)
@@ -188,6 +190,7 @@ ModelSpec describe_llama(const models::LlamaConfig& config, int64_t batch_per_ra
                                    2 * config.n_layer * kv_weight * e, 0});
     model.collectives.push_back({"all_reduce", "loss, tensor parallel", tp, 3, 3 * tokens * kFloatBytes, 0});
   }
+  detail::set_transformer_flops(model, tokens, T, C / n, V / n * C);
   return model;
 }
 
@@ -250,6 +253,7 @@ ModelSpec describe_llama_stage(const models::LlamaConfig& config, int64_t batch_
     model.root_tail_gradient_bytes = whole.root_tail_gradient_bytes;
     model.output_bytes = whole.output_bytes;
     model.loss_bytes = whole.loss_bytes;
+    model.head_forward_flops = whole.head_forward_flops;
   }
 
   const int64_t stage_blocks = blocks.last - blocks.first;

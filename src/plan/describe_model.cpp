@@ -126,6 +126,7 @@ ModelSpec describe_gpt(const models::GPTConfig& config, int64_t batch_per_rank, 
   model.output_bytes = tokens * V * kFloatBytes;
   model.loss_bytes = tokens * V * kFloatBytes + kFloatBytes;  // log-softmax output, the loss
   model.input_bytes = 2 * tokens * kLongBytes;                // tokens and targets
+  detail::set_transformer_flops(model, tokens, T, C, V * C);
   return model;
 }
 
@@ -150,6 +151,7 @@ ModelSpec describe_mlp(const std::vector<int64_t>& hidden_sizes, int64_t batch_p
     width = hidden;
   }
   add_linear(root, "layers." + std::to_string(index), width, kClasses);
+  root.forward_flops = 2.0 * static_cast<double>(B * root.numel());
   root.activation_bytes = B * saved * e;
   root.backward_workspace_bytes = 2 * B * std::max(widest, kClasses) * e;
   // At its end: the gradient of the first layer's output, while that
@@ -174,6 +176,9 @@ ModelSpec describe_cnn(int64_t batch_per_rank, torch::ScalarType compute_dtype) 
                      {"norm2.weight", 32},             {"norm2.bias", 32},   {"hidden.weight", 64 * 32 * 7 * 7},
                      {"hidden.bias", 64},              {"output.weight", 10 * 64}, {"output.bias", 10}};
   const int64_t conv1 = 16 * kPixels, pool1 = 16 * 14 * 14, conv2 = 32 * 14 * 14, pool2 = 32 * 7 * 7;
+  // Multiply-adds per sample: each convolution's kernel at every output
+  // position, then the two linear layers.
+  root.forward_flops = 2.0 * static_cast<double>(B * (conv1 * 9 + conv2 * 16 * 9 + 64 * pool2 + 10 * 64));
   // Per sample: conv outputs (saved by BatchNorm), ReLU outputs (saved by
   // ReLU and max-pool), max-pool outputs and their int64 indices, the hidden
   // ReLU's output; per BatchNorm channel: the batch mean and inverse std.
@@ -192,6 +197,19 @@ ModelSpec describe_cnn(int64_t batch_per_rank, torch::ScalarType compute_dtype) 
   model.input_bytes = B * kPixels * kFloatBytes + B * kLongBytes;
   return model;
 }
+
+namespace detail {
+
+void set_transformer_flops(ModelSpec& model, int64_t tokens, int64_t seq_len, int64_t attention_width,
+                           int64_t head_numel) {
+  const double n = static_cast<double>(tokens);
+  for (size_t u = 1; u < model.units.size(); ++u)
+    model.units[u].forward_flops = 2.0 * n * static_cast<double>(model.units[u].numel()) +
+                                   2.0 * n * static_cast<double>(seq_len * attention_width);
+  model.head_forward_flops = 2.0 * n * static_cast<double>(head_numel);
+}
+
+}  // namespace detail
 
 Optimizer optimizer_from(const std::string& name, double momentum) {
   if (name == "adamw") return Optimizer::AdamW;

@@ -46,6 +46,8 @@ ModelSpec describe_tp_gpt(const models::GPTConfig& config, int64_t batch_per_ran
     // The MLP keeps mlp_fc's and gelu's outputs, 4C / tp wide each.
     detail::add_ring_attention(model, cp, batch_per_rank * local.seq_len, config.n_embd / tp, e,
                                8 * config.n_embd / tp * e);
+    detail::set_transformer_flops(model, batch_per_rank * local.seq_len, config.seq_len, config.n_embd / tp,
+                                  config.vocab_size / tp * config.n_embd);
     return model;
   }
   if (tp == 1) return describe_gpt(config, batch_per_rank, compute_dtype);
@@ -141,6 +143,7 @@ ModelSpec describe_tp_gpt(const models::GPTConfig& config, int64_t batch_per_ran
   }
   model.collectives.push_back({"all_reduce", "loss, tensor parallel", tp, 3,
                                3 * tokens * kFloatBytes, 0});
+  detail::set_transformer_flops(model, tokens, T, C / n, V / n * C);
   return model;
 }
 

@@ -59,6 +59,9 @@ detail::Layout resolve(const PlanOptions& options) {
   layout.rank = options.rank;
   layout.optimizer_states = options.optimizer == Optimizer::AdamW ? 2 : options.optimizer == Optimizer::SGDMomentum ? 1 : 0;
   layout.gather_per_microbatch = options.gather_per_microbatch;
+  layout.compute = options.compute;
+  layout.link = options.link;
+  layout.model_link = options.model_link;
   if (layout.ddp) {
     layout.group_size = 1;
     layout.replicas = options.world_size;

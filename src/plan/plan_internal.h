@@ -27,6 +27,8 @@ struct Layout {
   int64_t reduce_bytes = 4;   // mixed_precision.reduce_dtype
   int optimizer_states = 2;   // fp32 tensors per parameter element
   bool gather_per_microbatch = false;  // a pipeline stage's units gathered per microbatch (PlanOptions)
+  ComputeRates compute;  // PlanOptions': a step's time is predicted when these
+  Link link, model_link;  // and the links are known (Note [step time])
 };
 
 // A unit's flat buffer as FlatParameter lays it out for `layout`
@@ -56,6 +58,26 @@ void simulate_construction(const ModelSpec& model, const Layout& layout, bool in
 // Fills collectives, payload_bytes_per_step and wire_bytes_per_step (with
 // fsdp's compression: its records' bytes, fsdp_rules::record_bytes).
 void count_collectives(const ModelSpec& model, const Layout& layout, const FSDPOptions& fsdp, Plan& plan);
+
+// A transformer's FLOPs (UnitSpec::forward_flops, ModelSpec::
+// head_forward_flops) at `tokens` tokens per rank of sequences of `seq_len`
+// (the whole sequence: under context parallelism a rank's queries still
+// meet every earlier key): each block's parameters twice per token, its
+// causal attention 2 x seq_len x attention_width per token (half of the
+// scores' and the weighted sum's 4 T W: the mask skips the rest), and the
+// head's `head_numel` twice per token.
+void set_transformer_flops(ModelSpec& model, int64_t tokens, int64_t seq_len, int64_t attention_width,
+                           int64_t head_numel);
+
+// One all-gather of unit u's parameters (what count_collectives counts per
+// gather, compression included), and the collectives that reduce its
+// gradients once (reduce-scatter, all-reduce or compressed all-to-all, then
+// across replicas), each one call with its wire bytes.
+Collective unit_all_gather(const ModelSpec& model, size_t u, const Layout& layout, const FSDPOptions& fsdp);
+std::vector<Collective> unit_reductions(const ModelSpec& model, size_t u, const Layout& layout,
+                                        const FSDPOptions& fsdp);
+// What this rank sends of a `payload_bytes` collective with ring algorithms.
+int64_t wire_bytes(const std::string& op, int group_size, int64_t payload_bytes);
 
 // A pipeline stage's arguments: stage < stages (at least 2), and a batch
 // part that splits into the microbatches; std::invalid_argument otherwise.

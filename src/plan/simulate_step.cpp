@@ -61,6 +61,7 @@
 //   two temporaries of one parameter's size; SGD allocates none.
 #include "plan/plan_internal.h"
 #include "plan/replay.h"
+#include "plan/step_clock.h"
 #include "fsdp/schedule_rules.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -93,7 +94,7 @@ struct UnitState {
 class FSDPReplay {
  public:
   FSDPReplay(const ModelSpec& model, const Layout& layout, const FSDPOptions& options, Plan& plan)
-      : model_(model), layout_(layout), options_(options), plan_(plan) {
+      : model_(model), layout_(layout), options_(options), plan_(plan), costs_(model, layout, options) {
     for (const auto& unit : model_.units) {
       UnitState state;
       state.flat = flat_layout(unit, layout_);
@@ -103,6 +104,7 @@ class FSDPReplay {
       state.allocated = !state.full_is_shard && !free_after_backward();
       units_.push_back(state);
     }
+    gathered_at_.assign(units_.size(), 0);
   }
 
   void run() {
@@ -129,6 +131,9 @@ class FSDPReplay {
                  "optimizer step");
     plan_.peak = t_.peak();
     plan_.peak_moment = t_.peak_moment();
+    clock_.in_line(costs_.model_collectives);
+    clock_.compute(costs_.optimizer);
+    if (costs_.predicted) plan_.time = clock_.finish();
   }
 
  private:
@@ -164,6 +169,7 @@ class FSDPReplay {
     }
     t_.add(&MemoryBreakdown::gathered_parameters, gather_source_bytes(u));
     unit.in_flight = true;
+    gathered_at_[u] = clock_.issue(costs_.gather[u]);
     count_gathered();
     t_.mark("all-gather of " + display(model_.units[u]) + " issued");
     return true;
@@ -175,6 +181,7 @@ class FSDPReplay {
     if (unit.in_flight) {
       unit.in_flight = false;
       t_.remove(&MemoryBreakdown::gathered_parameters, gather_source_bytes(u));
+      clock_.wait(gathered_at_[u]);
     }
     unit.using_full = true;
   }
@@ -217,6 +224,7 @@ class FSDPReplay {
     consume(0);
     t_.add(&MemoryBreakdown::activations, model_.units[0].activation_bytes);
     t_.mark("forward: the root");
+    clock_.compute(costs_.forward[0]);
     for (size_t u = 1; u < units_.size(); ++u) {
       if (start_unshard(u)) ++inflight_;
       if (options_.forward_prefetch) prefetch(neighbour(u, +1));
@@ -226,8 +234,10 @@ class FSDPReplay {
       else
         t_.add(&MemoryBreakdown::activations, model_.units[u].activation_bytes);
       t_.mark("forward: " + display(model_.units[u]));
+      clock_.compute(costs_.forward[u]);
       if (reshard_after_forward(u)) reshard(u, true);
     }
+    clock_.compute(costs_.tail);
     t_.add(&MemoryBreakdown::activations,
            model_.root_tail_activation_bytes + model_.output_bytes + model_.loss_bytes);
     t_.mark("end of forward (with the loss)");
@@ -240,6 +250,7 @@ class FSDPReplay {
     t_.add(&MemoryBreakdown::activations, model_.output_bytes);
     t_.mark_with(&MemoryBreakdown::activations, model_.output_bytes, "backward: the loss's gradients");
     pre_backward(0);
+    clock_.compute(2 * costs_.tail);
     t_.remove(&MemoryBreakdown::activations,
               model_.output_bytes + model_.loss_bytes + model_.root_tail_activation_bytes);
     t_.add(&MemoryBreakdown::gradients, model_.root_tail_gradient_bytes);
@@ -253,7 +264,9 @@ class FSDPReplay {
       if (checkpointed(u)) {  // the recompute, and the generator's state of the moment
         t_.add(&MemoryBreakdown::activations, spec.activation_bytes + generator_state_bytes());
         t_.mark("backward: " + display(spec) + " recomputes its forward");
+        clock_.compute(costs_.forward[u]);
       }
+      clock_.compute(costs_.backward(u));
       unit_backward(u);
       if (checkpointed(u)) {
         t_.remove(&MemoryBreakdown::activations, spec.checkpointed_activation_bytes + generator_state_bytes());
@@ -261,6 +274,7 @@ class FSDPReplay {
       }
       reduced.push_back(u);
     }
+    clock_.compute(costs_.backward(0));
     unit_backward(0);
     reduced.push_back(0);
     finalize(reduced);
@@ -297,6 +311,7 @@ class FSDPReplay {
     while (fsdp_rules::must_wait_for_reduction(layout_.strategy, reducing_.size(), options_.max_inflight_reductions))
       finish_reduction();
     if (!fsdp_rules::reduces_in_place(layout_.strategy)) reducing_.push_back(u);
+    reduced_at_.push_back(clock_.issue(costs_.reduce[u]));
     t_.add(&MemoryBreakdown::reduction_buffers, flat.padded * layout_.reduce_bytes);
     t_.mark("backward: " + display(spec) + " reduces its gradients");
     t_.remove(&MemoryBreakdown::gradients, flat.numel * layout_.compute_bytes);
@@ -312,11 +327,13 @@ class FSDPReplay {
   void finish_reduction() {
     const auto& flat = units_[reducing_.front()].flat;
     t_.remove(&MemoryBreakdown::reduction_buffers, flat.padded * layout_.reduce_bytes);
+    clock_.wait(reduced_at_[reduced_at_.size() - reducing_.size()]);
     reducing_.pop_front();
   }
 
   // FSDPState::finalize_backward -> Unit::finish_gradients, in issue order.
   void finalize(const std::vector<size_t>& reduced) {
+    clock_.wait_all();  // every reduction, before .grad is set
     for (size_t u : reduced) {
       if (model_.units[u].parameters.empty()) continue;
       const auto& flat = units_[u].flat;
@@ -351,12 +368,19 @@ class FSDPReplay {
   Timeline t_;
   int inflight_ = 0;
   std::deque<size_t> reducing_;  // units whose reduce-scatter may still hold its full-size buffer
+  // The time (Note [step time]).
+  StepCosts costs_;
+  StepClock clock_;
+  std::vector<double> gathered_at_;  // per unit: when its last all-gather issued completes
+  std::vector<double> reduced_at_;   // per reduction issued, in order: when it completes
 };
 
 // ---------------------------------------------------------------- DDP
 
 void replay_ddp(const ModelSpec& model, const Layout& layout, Plan& plan) {
   Timeline t;
+  const StepCosts costs(model, layout, FSDPOptions{});
+  StepClock clock;
   int64_t largest = 0;
   for (const auto& unit : model.units) {
     t.add(&MemoryBreakdown::parameters, unit.numel() * 4);
@@ -368,10 +392,12 @@ void replay_ddp(const ModelSpec& model, const Layout& layout, Plan& plan) {
   plan.between_steps = t.now();
   t.add(&MemoryBreakdown::activations, model.input_bytes);
   t.mark("before forward");
-  for (const auto& unit : model.units) {
-    t.add(&MemoryBreakdown::activations, unit.activation_bytes);
-    t.mark("forward: " + display(unit));
+  for (size_t u = 0; u < model.units.size(); ++u) {
+    t.add(&MemoryBreakdown::activations, model.units[u].activation_bytes);
+    t.mark("forward: " + display(model.units[u]));
+    clock.compute(costs.forward[u]);
   }
+  clock.compute(costs.tail);
   t.add(&MemoryBreakdown::activations, model.root_tail_activation_bytes + model.output_bytes + model.loss_bytes);
   t.mark("end of forward (with the loss)");
   plan.forward_activation_bytes = t.now().activations;
@@ -380,8 +406,10 @@ void replay_ddp(const ModelSpec& model, const Layout& layout, Plan& plan) {
   t.remove(&MemoryBreakdown::activations, model.output_bytes + model.loss_bytes + model.root_tail_activation_bytes);
   t.add(&MemoryBreakdown::gradients, model.root_tail_gradient_bytes);
   DDPBucketFill fill;
+  clock.compute(2 * costs.tail);
   int64_t freed = fill.arrive(model.root_tail_gradient_bytes);
   auto unit_backward = [&](const UnitSpec& unit) {
+    clock.compute(costs.backward(static_cast<size_t>(&unit - &model.units[0])));
     t.add(&MemoryBreakdown::gradients, unit.gradients_at_workspace_peak * 4);
     t.mark_with(&MemoryBreakdown::activations, unit.backward_workspace_bytes, "backward: " + display(unit));
     t.remove(&MemoryBreakdown::gradients, unit.gradients_at_workspace_peak * 4);
@@ -397,14 +425,20 @@ void replay_ddp(const ModelSpec& model, const Layout& layout, Plan& plan) {
     }
     t.mark("backward: " + display(unit) + " has its gradients");
     t.remove(&MemoryBreakdown::gradients, freed);  // copied into complete buckets
+    if (freed > 0) clock.issue(costs.bucket(freed));  // the bucket's all-reduce
     freed = 0;
   };
   for (size_t u = model.units.size() - 1; u >= 1; --u) unit_backward(model.units[u]);
   unit_backward(model.units[0]);
-  t.remove(&MemoryBreakdown::gradients, fill.finish());
+  const int64_t last_bucket = fill.finish();
+  t.remove(&MemoryBreakdown::gradients, last_bucket);
+  if (last_bucket > 0) clock.issue(costs.bucket(last_bucket));
   t.mark_with(&MemoryBreakdown::activations, optimizer_temporary_bytes(layout, largest), "optimizer step");
   plan.peak = t.peak();
   plan.peak_moment = t.peak_moment();
+  clock.in_line(costs.model_collectives);
+  clock.compute(costs.optimizer);
+  if (costs.predicted) plan.time = clock.finish();
 }
 
 }  // namespace
