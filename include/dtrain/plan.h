@@ -365,7 +365,9 @@ struct Plan {
   std::vector<Collective> collectives;
   int64_t payload_bytes_per_step = 0;
   int64_t wire_bytes_per_step = 0;
-  StepTime time;  // when PlanOptions has rates and links
+  // When PlanOptions has rates and links; a pipeline stage's needs its
+  // neighbours' (pipeline_step_times).
+  StepTime time;
 };
 
 // Throws std::invalid_argument for options the engines reject (a hybrid
@@ -373,6 +375,16 @@ struct Plan {
 // not model (activation checkpointing under DDP, on a pipeline stage or a
 // model without checkpointed_activation_bytes).
 Plan make_plan(const ModelSpec& model, const PlanOptions& options);
+
+// A pipeline's step time (Note [pipeline time], src/plan/pipeline_time.cpp):
+// `ranks[r]` describes pipeline rank r (describe_gpt_stage or
+// describe_llama_stage, or interleave_stages' merge of its chunks), each
+// planned with `options` (its rates and links, the same data-parallel rank).
+// The microbatches' forwards and backwards run in schedule_actions' order on
+// every rank at once, each waiting for its neighbour's message; returns
+// each rank's StepTime, whose `seconds` is the step's (the slowest rank's).
+// Not predicted (seconds 0) without rates and links.
+std::vector<StepTime> pipeline_step_times(const std::vector<ModelSpec>& ranks, const PlanOptions& options);
 
 // "ddp" | "zero1" | "zero2" | "fsdp" | "hsdp" (the names `dtrain train`
 // uses) into engine and strategy; throws std::invalid_argument naming the

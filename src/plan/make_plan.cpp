@@ -40,9 +40,9 @@ std::string strategy_name(const PlanOptions& options) {
   return strategy_of(options.fsdp.strategy).name;
 }
 
-namespace {
+namespace detail {
 
-detail::Layout resolve(const PlanOptions& options) {
+Layout resolve_layout(const PlanOptions& options) {
   if (options.world_size < 1)
     throw std::invalid_argument("plan: the world size must be at least 1, got " + std::to_string(options.world_size));
   if (options.rank < 0 || options.rank >= options.world_size)
@@ -100,11 +100,11 @@ detail::Layout resolve(const PlanOptions& options) {
   return layout;
 }
 
-}  // namespace
+}  // namespace detail
 
 Plan make_plan(const ModelSpec& model, const PlanOptions& options) {
   if (model.units.empty()) throw std::invalid_argument("plan: the model has no units (units[0] must be the root)");
-  const auto layout = resolve(options);
+  const auto layout = detail::resolve_layout(options);
   if (options.fsdp.activation_checkpointing) {
     if (layout.ddp)
       throw std::invalid_argument("plan: activation checkpointing is the FSDP engine's (FSDPOptions::"

@@ -31,6 +31,10 @@ struct Layout {
   Link link, model_link;  // and the links are known (Note [step time])
 };
 
+// PlanOptions checked and resolved (std::invalid_argument for what the
+// engines refuse).
+Layout resolve_layout(const PlanOptions& options);
+
 // A unit's flat buffer as FlatParameter lays it out for `layout`
 // (src/fsdp/flat_parameter.cpp).
 struct FlatLayout {

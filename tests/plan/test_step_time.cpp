@@ -1,10 +1,12 @@
 // The predicted step time (Note [step time], src/plan/step_time.cpp) on
 // hand-built models whose timeline is worked out by hand below.
+#include <dtrain/pipeline.h>
 #include <dtrain/plan.h>
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 
 namespace plan = dtrain::plan;
 
@@ -102,4 +104,44 @@ TEST(StepTime, ModelCollectivesAreExposed) {
   const double in_line = 10 * 2 * 1e-5 + 10 * 1e6 / kRate;  // 2 hops each, 1 MB on the wire each
   EXPECT_NEAR(p.time.exposed_communication_seconds - without.time.exposed_communication_seconds, in_line, 1e-12);
   EXPECT_NEAR(p.time.seconds - without.time.seconds, in_line, 1e-12);
+}
+
+namespace {
+
+// Stage `stage` of two: a root of 1000 parameters whose forward takes 10 ms
+// at 1 GFLOP/s per microbatch, sending 1 MB per microbatch.
+plan::ModelSpec stage_of_two(int stage) {
+  plan::ModelSpec model;
+  model.description = "stage " + std::to_string(stage);
+  model.batch_per_rank = 2;
+  plan::UnitSpec root;
+  root.parameters.push_back({"weight", 1000});
+  root.forward_flops = 1e7;
+  model.units = {root};
+  model.pipeline = {stage, 2, 2, 1'000'000, false};
+  return model;
+}
+
+}  // namespace
+
+// 1F1B over 2 ranks and 2 microbatches, f = 10 ms forward, 2f backward, m =
+// 1 ms per message: rank 1 runs F0 [f+m, 2f+m], B0 [2f+m, 4f+m], F1 [4f+m,
+// 5f+m], B1 [5f+m, 7f+m]; rank 0 runs F0, F1 by 2f, then B0 when rank 1's
+// arrives [4f+2m, 6f+2m] and B1 [7f+2m, 9f+2m]. Then the loss's all-reduce
+// and SGD over 1000 elements.
+TEST(StepTime, PipelineWaitsForItsNeighbours) {
+  auto options = timed(plan::Engine::DDP);
+  options.world_size = 1;
+  options.model_link = {0, kRate};
+  const auto times = plan::pipeline_step_times({stage_of_two(0), stage_of_two(1)}, options);
+  ASSERT_EQ(times.size(), 2u);
+  const double f = 0.01, m = 1e6 / kRate, loss = 8 / kRate, optimizer = 12.0 * 1000 / kRate;
+  EXPECT_NEAR(times[0].seconds, 9 * f + 2 * m + loss + optimizer, 1e-12);
+  EXPECT_EQ(times[1].seconds, times[0].seconds);
+  EXPECT_NEAR(times[0].compute_seconds, 6 * f + optimizer, 1e-12);
+  EXPECT_NEAR(times[0].bubble_seconds, 3 * f + 2 * m, 1e-12);
+  EXPECT_NEAR(times[1].bubble_seconds, 3 * f + 2 * m, 1e-12);  // before its first forward, and after its last backward
+  options.schedule = dtrain::pp::Schedule::GPipe;  // F0 F1 B0 B1 on both: the same span here
+  EXPECT_NEAR(plan::pipeline_step_times({stage_of_two(0), stage_of_two(1)}, options)[0].seconds,
+              9 * f + 2 * m + loss + optimizer, 1e-12);
 }
