@@ -1,4 +1,6 @@
 #include "plan.h"
+#include "plan_resolve.h"
+#include "plan_time.h"
 #include "train.h"
 #include "dtrain/model_spec.h"
 #include "dtrain/train.h"
@@ -50,19 +52,6 @@ nlohmann::json to_json(const plan::MemoryBreakdown& m) {
           {"total", m.total()}};
 }
 
-struct Resolved {
-  plan::ModelSpec model;
-  plan::PlanOptions options;  // over the data-parallel ranks (nproc / (pp x tp))
-  int64_t global_batch = 0;
-  std::string optimizer;
-  int nproc = 1, tp = 1, pp = 1, cp = 1;
-  int dp = 1;                 // the data-parallel groups (the engine runs over dp x cp)
-  int rank = 0;               // in the world
-  std::optional<plan::Link> link;  // --link
-  // --pp: the model of each stage (the planned rank's is `model`).
-  std::vector<plan::ModelSpec> stages;
-  std::string activations;  // where the activations came from (train::PlannedModel)
-};
 
 // The mesh's coordinates of a world rank: (dp, pp, cp, tp), dp outermost and
 // tp innermost (as dtrain train's make_mesh lays it out).
@@ -139,29 +128,30 @@ TrainConfig train_config_of(const PlanFlags& f, const ModelSpec& spec) {
   return config;
 }
 
-// --link LATENCY_US,GB_PER_S.
-plan::Link parse_link(const std::string& text) {
-  const std::string usage = "--link '" + text + "' must be LATENCY_US,GB_PER_S: one hop's latency in microseconds "
-                            "and the bandwidth in GB/s, e.g. 10,4 (`dtrain bench collectives` fits both)";
-  const auto comma = text.find(',');
-  if (comma == std::string::npos) throw std::invalid_argument(usage);
-  double latency_us = 0, gbps = 0;
-  try {
-    size_t used = 0;
-    latency_us = std::stod(text.substr(0, comma), &used);
-    if (used != comma) throw std::invalid_argument(usage);
-    const std::string bandwidth = text.substr(comma + 1);
-    gbps = std::stod(bandwidth, &used);
-    if (used != bandwidth.size()) throw std::invalid_argument(usage);
-  } catch (const std::logic_error&) {
-    throw std::invalid_argument(usage);
+// --link and the rates: the step's time (PlanOptions::compute, link, model_link).
+void resolve_time(const PlanFlags& f, const TrainConfig& config, Resolved& r,
+                  const std::optional<plan::ComputeRates>& rates) {
+  if (f.ranks_per_host < 0) throw std::invalid_argument("--ranks-per-host must be at least 1");
+  if (f.link.empty()) {
+    if (f.ranks_per_host > 0 || f.gemm_gflops > 0 || f.memory_gbps > 0)
+      throw std::invalid_argument("--ranks-per-host, --gemm-gflops and --memory-gbps predict a step's time on --link's "
+                                  "links: give --link too (`dtrain bench collectives --json FILE` measures them)");
+    return;
   }
-  if (!(latency_us >= 0) || !(gbps > 0) || !std::isfinite(latency_us) || !std::isfinite(gbps))
-    throw std::invalid_argument(usage + "; the latency must be >= 0 and the bandwidth > 0");
-  return {latency_us * 1e-6, gbps * 1e9};
+  const PlanLinks links = parse_links(f.link);
+  const MeshPlacement mesh{f.pp, f.cp, f.tp, f.nproc, f.ranks_per_host};
+  r.options.link = mesh.engine_crosses_hosts(f.rank) ? links.inter : links.intra;
+  r.options.model_link = mesh.model_crosses_hosts(f.rank) ? links.inter : links.intra;
+  r.link = r.options.link;
+  const int on_host = f.ranks_per_host > 0 ? std::min(f.ranks_per_host, f.nproc) : f.nproc;
+  r.options.compute = rates ? *rates
+                            : compute_rates(config, r.options.fsdp.mixed_precision.param_dtype, on_host,
+                                            f.gemm_gflops, f.memory_gbps);
 }
 
-Resolved resolve(const PlanFlags& f) {
+}  // namespace
+
+Resolved resolve(const PlanFlags& f, const std::optional<plan::ComputeRates>& rates) {
   Resolved r;
   const ModelSpec& spec = find_model(f.model);
   TrainConfig config = train_config_of(f, spec);
@@ -199,6 +189,7 @@ Resolved resolve(const PlanFlags& f) {
   r.dp = dp;
   const bool sequences = spec.token_sequences;
   r.global_batch = f.batch_size > 0 ? f.batch_size : (sequences ? 32 : 128);
+  r.tokens_per_sample = sequences ? f.seq_len : 1;
   if (r.global_batch < dp)
     throw std::invalid_argument("--batch-size " + std::to_string(r.global_batch) +
                                 " is the global batch and must be at least --nproc (" + std::to_string(dp) +
@@ -271,8 +262,8 @@ Resolved resolve(const PlanFlags& f) {
   r.options.init_from = !f.init_from.empty();
   r.options.checkpoint_async = f.checkpoint_async;
   r.optimizer = f.optimizer.empty() ? (sequences ? "adamw" : "sgd") : f.optimizer;
-  if (!f.link.empty()) r.link = parse_link(f.link);
   r.options.optimizer = plan::optimizer_from(r.optimizer, f.momentum);
+  resolve_time(f, config, r, rates);
 
   const auto compute = r.options.fsdp.mixed_precision.param_dtype;
   config.batch_size = r.global_batch;
@@ -300,6 +291,8 @@ Resolved resolve(const PlanFlags& f) {
   r.activations = std::move(planned.activations);
   return r;
 }
+
+namespace {
 
 // Which dimension of the mesh a collective runs over.
 const char* dimension_of(const plan::Collective& c) {
@@ -351,11 +344,39 @@ void print_pipeline(const Resolved& r, const plan::Plan& p) {
   }
 }
 
+// --link: the engine's collectives on its link, the model's on its own.
+double seconds_of(const Resolved& r, const plan::Collective& c) {
+  return plan::collective_seconds(c, std::string(dimension_of(c)) == "dp" ? r.options.link : r.options.model_link);
+}
+
 // --link: every collective's time summed, none overlapped with compute.
 double communication_seconds(const Resolved& r, const plan::Plan& p) {
   double seconds = 0;
-  for (const auto& c : p.collectives) seconds += plan::collective_seconds(c, *r.link);
+  for (const auto& c : p.collectives) seconds += seconds_of(r, c);
   return seconds;
+}
+
+void print_time(const Resolved& r, const plan::StepTime& t) {
+  if (!t.predicted()) return;
+  const auto& rates = r.options.compute;
+  std::printf("\nPredicted step time (rank %d): %.3f ms, %.0f %s/s over the %d ranks (Note [step time]: GEMMs at %.1f "
+              "GFLOP/s, memory at %.1f GB/s per rank)\n",
+              r.rank, t.seconds * 1e3, static_cast<double>(tokens_per_step(r)) / t.seconds,
+              r.tokens_per_sample > 1 ? "tokens" : "samples", r.nproc, rates.flops_per_second / 1e9,
+              rates.memory_bytes_per_second / 1e9);
+  std::printf("  compute %.3f ms, communication %.3f ms of which exposed %.3f ms", t.compute_seconds * 1e3,
+              t.communication_seconds * 1e3, t.exposed_communication_seconds * 1e3);
+  if (r.pp > 1) std::printf(", pipeline bubble %.3f ms", t.bubble_seconds * 1e3);
+  std::printf("\n");
+}
+
+nlohmann::json to_json(const plan::StepTime& t) {
+  if (!t.predicted()) return nullptr;
+  return {{"seconds", t.seconds},
+          {"compute_seconds", t.compute_seconds},
+          {"communication_seconds", t.communication_seconds},
+          {"exposed_communication_seconds", t.exposed_communication_seconds},
+          {"bubble_seconds", t.bubble_seconds}};
 }
 
 void print(const Resolved& r, const plan::Plan& p) {
@@ -428,13 +449,14 @@ void print(const Resolved& r, const plan::Plan& p) {
   for (const auto& c : p.collectives) {
     std::printf("  %-15s %-33s group %-3d %4lld calls %12s  sent %12s", c.op.c_str(), c.what.c_str(), c.group_size,
                 static_cast<long long>(c.calls), human(c.payload_bytes).c_str(), human(c.wire_bytes).c_str());
-    if (r.link) std::printf("  %9.3f ms", plan::collective_seconds(c, *r.link) * 1e3);
+    if (r.link) std::printf("  %9.3f ms", seconds_of(r, c) * 1e3);
     std::printf("\n");
   }
   if (r.link)
     std::printf("Communication time per step on --link (%.2f us per hop, %.3f GB/s; alpha-beta, ring algorithms, "
                 "nothing overlapped): %.3f ms\n",
                 r.link->latency_seconds * 1e6, r.link->bytes_per_second / 1e9, communication_seconds(r, p) * 1e3);
+  print_time(r, step_time(r, p));
 }
 
 nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
@@ -446,7 +468,7 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
   for (const auto& c : p.collectives) {
     collectives.push_back({{"op", c.op}, {"what", c.what}, {"group_size", c.group_size}, {"calls", c.calls},
                            {"payload_bytes", c.payload_bytes}, {"wire_bytes", c.wire_bytes}});
-    if (r.link) collectives.back()["seconds"] = plan::collective_seconds(c, *r.link);
+    if (r.link) collectives.back()["seconds"] = seconds_of(r, c);
   }
   nlohmann::json pipeline = nullptr;
   if (r.pp > 1) {
@@ -499,10 +521,20 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
           {"link", r.link ? nlohmann::json{{"latency_seconds", r.link->latency_seconds},
                                            {"bytes_per_second", r.link->bytes_per_second}}
                           : nlohmann::json()},
-          {"communication_seconds", r.link ? nlohmann::json(communication_seconds(r, p)) : nlohmann::json()}};
+          {"communication_seconds", r.link ? nlohmann::json(communication_seconds(r, p)) : nlohmann::json()},
+          {"time", to_json(step_time(r, p))},
+          {"tokens_per_step", tokens_per_step(r)}};
 }
 
 }  // namespace
+
+plan::StepTime step_time(const Resolved& r, const plan::Plan& p) {
+  if (r.pp == 1) return p.time;
+  const auto times = plan::pipeline_step_times(r.stages, r.options);
+  return times[static_cast<size_t>(r.model.pipeline.stage)];
+}
+
+int64_t tokens_per_step(const Resolved& r) { return r.global_batch * r.tokens_per_sample; }
 
 CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
   auto* cmd = app.add_subcommand("plan", "Predict per-rank peak memory and per-step communication before running");
@@ -584,8 +616,20 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
   cmd->add_option("--pp-gather", f.pp_gather, "With --pp and a sharded strategy: step | microbatch (as dtrain train)")
       ->check(CLI::IsMember({"step", "microbatch"}))->capture_default_str();
   cmd->add_option("--link", f.link,
-                  "LATENCY_US,GB_PER_S: each collective's time per step on one alpha-beta link (ring algorithms, "
-                  "nothing overlapped); `dtrain bench collectives` fits both");
+                  "The links to time the step on: LATENCY_US,GB_PER_S (one alpha-beta link), "
+                  "intra=LATENCY_US,GB_PER_S,inter=LATENCY_US,GB_PER_S (within and across hosts), or the JSON file "
+                  "`dtrain bench collectives --json FILE` wrote; prints each collective's time and the step's "
+                  "predicted time (Note [step time])");
+  cmd->add_option("--ranks-per-host", f.ranks_per_host,
+                  "With --link: ranks per host, in rank order (default: all on one); a group across hosts uses inter")
+      ->check(at_least(1));
+  cmd->add_option("--gemm-gflops", f.gemm_gflops,
+                  "With --link: one rank's matrix-product rate (default: the cached GEMM probe, shared by the ranks "
+                  "on this machine's cores)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--memory-gbps", f.memory_gbps,
+                  "With --link: one rank's memory bandwidth in GB/s (default: a copy probe, shared likewise)")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", f.json, "Print the plan as JSON");
   cmd->add_flag("--probe", f.probe,
                 "Measure the activations with one forward and backward of the model at two small batches, even "

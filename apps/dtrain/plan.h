@@ -51,9 +51,13 @@ struct PlanFlags {
   std::string schedule = "1f1b";  // 1f1b | gpipe | interleaved
   int virtual_stages = 1;         // interleaved: model chunks per pipeline rank
   std::string pp_gather = "step";  // step | microbatch (sharded strategies)
-  // --link LATENCY_US,GB_PER_S: the time each collective takes on one
-  // alpha-beta link (plan::Link; `dtrain bench collectives` fits them).
+  // --link: the links a step's collectives are timed on (plan_time.h,
+  // parse_links; `dtrain bench collectives` fits them). With it the plan
+  // predicts the step's time.
   std::string link;
+  int ranks_per_host = 0;    // 0: every rank on one host
+  double gemm_gflops = 0;    // 0: the cached GEMM probe (train/peak_flops.h)
+  double memory_gbps = 0;    // 0: a copy probe (train/memory_bandwidth.h)
   bool json = false;
   bool probe = false;  // measure the activations even where the model's spec describes them
 };
