@@ -1,5 +1,6 @@
 #include "plan.h"
 #include "plan_resolve.h"
+#include "plan_search.h"
 #include "plan_time.h"
 #include "train.h"
 #include "dtrain/model_spec.h"
@@ -631,6 +632,14 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
                   "With --link: one rank's memory bandwidth in GB/s (default: a copy probe, shared likewise)")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", f.json, "Print the plan as JSON");
+  cmd->add_flag("--search", f.search,
+                "Rank every layout dtrain train accepts on --nproc ranks (mesh, strategy, microbatches and schedule, "
+                "activation checkpointing, prefetch, compression) that fits --device-memory, by predicted tokens/s "
+                "(needs --link); the layout flags given are the search's to choose");
+  cmd->add_option("--top", f.top, "With --search: the layouts listed (0: all that fit)")->check(at_least(0))
+      ->capture_default_str();
+  cmd->add_option("--device-memory", f.device_memory,
+                  "With --search: one rank's memory, e.g. 80GiB (default: this machine's memory over the ranks per host)");
   cmd->add_flag("--probe", f.probe,
                 "Measure the activations with one forward and backward of the model at two small batches, even "
                 "where its spec describes them (a check of the description; fp32, without --pp)");
@@ -638,6 +647,7 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
 }
 
 int plan_main(const PlanFlags& flags) {
+  if (flags.search) return print_search(flags);
   const auto resolved = resolve(flags);
   const auto p = plan::make_plan(resolved.model, resolved.options);
   if (flags.json) std::cout << to_json(resolved, p).dump(2) << std::endl;

@@ -59,6 +59,11 @@ struct PlanFlags {
   double gemm_gflops = 0;    // 0: the cached GEMM probe (train/peak_flops.h)
   double memory_gbps = 0;    // 0: a copy probe (train/memory_bandwidth.h)
   bool json = false;
+  // --search: every layout dtrain train accepts on --nproc ranks, ranked by
+  // predicted tokens/s (plan_search.h).
+  bool search = false;
+  int top = 10;                  // rows listed (0: all)
+  std::string device_memory;     // a rank's memory limit, e.g. 80GiB ("": this machine's RAM / ranks per host)
   bool probe = false;  // measure the activations even where the model's spec describes them
 };
 

@@ -458,6 +458,20 @@ CLI::App* add_train_subcommand(CLI::App& app) {
   return train;
 }
 
+void check_train_flags(const std::vector<std::string>& args, int nproc) {
+  CLI::App app{"dtrain train", "dtrain train"};
+  TrainFlags flags;
+  declare_flags(app, flags);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& error) {
+    throw std::invalid_argument(std::string("dtrain train refuses the flags: ") + error.what());
+  }
+  resolve_defaults(app, flags);
+  check_train_config(flags.config, nproc);
+}
+
 int train_main(const std::vector<std::string>& args) {
   CLI::App app{"Train a model on local ranks (--nproc N) or as the ranks of a launched job", "dtrain train"};
   TrainFlags flags;

@@ -22,6 +22,12 @@ CLI::Option* add_model_options(CLI::App& app, std::map<std::string, std::string>
 // parsed there: they pass through, untouched, to train_main().
 CLI::App* add_train_subcommand(CLI::App& app);
 
+// `dtrain train ARGS` parsed and checked as it checks before any rank
+// starts, for a job of `nproc` ranks, without running anything; throws
+// std::invalid_argument with the message train would print (dtrain plan
+// --search lists only layouts this accepts).
+void check_train_flags(const std::vector<std::string>& args, int nproc);
+
 // Runs `dtrain train ARGS`. Returns the process's exit code: 2 for invalid
 // flags (before any rank starts), 1 for a failed run.
 int train_main(const std::vector<std::string>& args);
