@@ -3,7 +3,7 @@
 // ranks for the given model and batch: every (dp, pp, cp, tp) mesh whose
 // degrees multiply to nproc (each dimension only where the model's spec
 // has it), sequence parallelism with tp, every planned strategy (hsdp at
-// each group size between 1 and the engine's ranks), for a pipeline 1, 2, 4
+// half the engine's ranks, as dtrain train groups it), for a pipeline 1, 2, 4
 // and 8 microbatches per stage under 1f1b, gpipe and interleaved (2 chunks
 // per rank), and for the sharded strategies prefetch on or off, activation
 // checkpointing on or off, and bf16 gradient reduction (and all-gathers,
@@ -158,16 +158,17 @@ std::vector<Candidate> enumerate(const PlanFlags& base, const ModelSpec& spec) {
               if (!row.planned) continue;
               std::vector<int> groups{0};
               if (row.sharding == Sharding::Hybrid) {
+                // dtrain train's groups: half the engine's ranks (src/train/strategy.cpp); on fewer than 4
+                // ranks, or an odd number, hsdp is fsdp.
+                const int world = dp * cp;
                 groups.clear();
-                for (int g : divisors(dp * cp))
-                  if (g > 1 && g < dp * cp) groups.push_back(g);
+                if (world >= 4 && world % 2 == 0) groups.push_back(world / 2);
               }
               for (int group : groups) {
                 Candidate c = pipeline;
                 c.flags.strategy = row.name;
                 c.flags.hybrid_group_size = group;
                 c.train_flags.insert(c.train_flags.begin(), {"--strategy", row.name});
-                if (group > 0) c.train_flags.insert(c.train_flags.end(), {"--hybrid-group-size", std::to_string(group)});
                 add_sharded_knobs(c, row.engine == StrategyEngine::FSDP, static_cast<bool>(spec.checkpointable_blocks),
                                   out);
               }

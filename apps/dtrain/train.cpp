@@ -1,4 +1,5 @@
 #include "train.h"
+#include "plan_search.h"
 
 #include "elastic.h"
 #include "launch.h"
@@ -68,6 +69,8 @@ struct TrainFlags {
   std::string backend = "mpi";
   std::string shuffle = "true";
   int max_restarts = 0;
+  std::string parallel = "manual";  // --parallel manual | auto
+  std::string plan_link;            // --plan-link: the links --parallel auto times layouts on
 };
 
 // CLI11 2.1's PositiveNumber and NonNegativeNumber spell out a range up to
@@ -270,6 +273,17 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
                        "With --mixed-precision bf16: the gradient all-reduce / reduce-scatter in fp32 (exact "
                        "averages) or bf16 (half the traffic)")
       ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+  parallel->add_option("--parallel", f.parallel,
+                       "manual: the layout flags given (default) | auto: the fastest layout `dtrain plan --search` "
+                       "predicts for --nproc ranks that fits this machine's memory (mesh, strategy, microbatches, "
+                       "schedule, prefetch, activation checkpointing, compression); leave those flags out")
+      ->check(CLI::IsMember({"manual", "auto"}))->capture_default_str();
+  parallel->add_option("--plan-link", f.plan_link,
+                       "With --parallel auto: the links to time layouts on, as dtrain plan --link takes them "
+                       "(LATENCY_US,GB_PER_S, intra=...,inter=..., or a `dtrain bench collectives --json` file)");
+  // What --parallel auto chose, passed to the ranks it starts (hidden).
+  app.add_option("--parallel-chosen", c.parallel_auto)->group("");
+  app.add_option("--parallel-predicted-step-s", c.parallel_auto_predicted_step_s)->group("");
   parallel->add_option("--fsdp-prefetch", c.fsdp_prefetch,
                        "zero1/zero2/fsdp/hsdp: prefetch the next unit's all-gather: on | off | auto (time both "
                        "in the first steps, keep the faster)")
@@ -472,6 +486,80 @@ void check_train_flags(const std::vector<std::string>& args, int nproc) {
   check_train_config(flags.config, nproc);
 }
 
+namespace {
+
+// The layout flags --parallel auto chooses.
+constexpr const char* kLayoutFlags[] = {"--strategy",      "--tp",           "--sequence-parallel", "--pp",
+                                        "--cp",            "--microbatches", "--schedule",          "--virtual-stages",
+                                        "--pp-gather",     "--fsdp-prefetch", "--fsdp-compress",   "--activation-checkpointing"};
+
+// `dtrain plan --search` for this run: its model, batch, precision and
+// optimizer, on `nproc` ranks.
+PlanFlags search_flags_of(const TrainConfig& c, int nproc, const std::string& link) {
+  PlanFlags f;
+  f.model = c.model;
+  f.model_options = c.model_options;
+  f.mlp_hidden = c.mlp_hidden;
+  f.gpt_layers = c.gpt_layers;
+  f.gpt_dim = c.gpt_dim;
+  f.gpt_heads = c.gpt_heads;
+  f.seq_len = c.seq_len;
+  f.vocab_size = c.vocab_size;
+  f.kv_heads = c.kv_heads;
+  f.ffn_dim = c.ffn_dim;
+  f.tie_embeddings = c.tie_embeddings;
+  f.batch_size = c.batch_size;
+  f.mixed_precision = c.mixed_precision;
+  f.optimizer = c.optimizer;
+  f.momentum = c.momentum;
+  f.nproc = nproc;
+  f.link = link;
+  f.search = true;
+  f.top = 1;
+  return f;
+}
+
+// --parallel auto: the search's best layout in place of the flags, then the
+// run as if they had been given (each rank sees them, and what chose them).
+int train_with_chosen_layout(const CLI::App& app, const TrainFlags& flags, const std::vector<std::string>& args,
+                             int nproc) {
+  for (const char* flag : kLayoutFlags)
+    if (given(app, flag))
+      throw std::invalid_argument(std::string("--parallel auto chooses ") + flag + " itself: leave it out, or give "
+                                  "the whole layout by hand with --parallel manual");
+  if (flags.plan_link.empty())
+    throw std::invalid_argument("--parallel auto times each layout's collectives on a link: give --plan-link (measure "
+                                "it once with `dtrain bench collectives --nproc " + std::to_string(nproc) +
+                                " --json FILE`, then --plan-link FILE)");
+  const SearchResult result = search_layouts(search_flags_of(flags.config, nproc, flags.plan_link));
+  if (result.rows.empty())
+    throw std::invalid_argument("--parallel auto: no layout of " + std::to_string(nproc) + " ranks fits (" +
+                                std::to_string(result.over_memory) + " over the memory limit, " +
+                                std::to_string(result.refused) + " not accepted); try more ranks or a smaller batch");
+  const LayoutRow& best = result.rows.front();
+  std::string chosen;
+  for (const auto& word : best.train_flags) chosen += (chosen.empty() ? "" : " ") + word;
+  std::cout << "dtrain train --parallel auto: " << chosen << " (the fastest of " << result.candidates
+            << " layouts by predicted step time, " << best.time.seconds * 1e3 << " ms; `dtrain plan --search` lists them)"
+            << std::endl;
+  std::vector<std::string> rewritten;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--parallel" || args[i] == "--plan-link") {
+      ++i;  // and its value
+      continue;
+    }
+    if (args[i].rfind("--parallel=", 0) == 0 || args[i].rfind("--plan-link=", 0) == 0) continue;
+    rewritten.push_back(args[i]);
+  }
+  rewritten.insert(rewritten.end(), best.train_flags.begin(), best.train_flags.end());
+  // One word each (the value starts with "--", which CLI11 would take for a flag).
+  rewritten.insert(rewritten.end(), {"--parallel-chosen=" + chosen,
+                                     "--parallel-predicted-step-s=" + std::to_string(best.time.seconds)});
+  return train_main(rewritten);
+}
+
+}  // namespace
+
 int train_main(const std::vector<std::string>& args) {
   CLI::App app{"Train a model on local ranks (--nproc N) or as the ranks of a launched job", "dtrain train"};
   TrainFlags flags;
@@ -493,6 +581,10 @@ int train_main(const std::vector<std::string>& args) {
 
   try {
     resolve_defaults(app, flags);
+    if (flags.parallel == "auto" && backend_from_environment() != "self")
+      throw std::invalid_argument("--parallel auto chooses the layout before the ranks start: run `dtrain train "
+                                  "--nproc N --parallel auto` itself, not under a launcher (or give the layout "
+                                  "`dtrain plan --search` lists by hand)");
     if (backend_from_environment() != "self") {
       // One rank of a job that a launcher (dtrain launch, mpirun, torchrun) started.
       auto world = init();
@@ -512,6 +604,12 @@ int train_main(const std::vector<std::string>& args) {
     }
     const int fixed = default_nproc(config);
     const RankRange range = given(app, "--nproc") ? parse_rank_range(flags.nproc, "--nproc") : RankRange{fixed, fixed};
+    if (flags.parallel == "auto") {
+      if (range.min != range.max)
+        throw std::invalid_argument("--parallel auto plans one world size, not the elastic range --nproc " + flags.nproc);
+      return train_with_chosen_layout(app, flags, args, range.max);
+    }
+    if (!flags.plan_link.empty()) throw std::invalid_argument("--plan-link times layouts for --parallel auto: add it");
     const int nproc = range.max;
     if (const StrategyInfo* row = find_strategy(config.strategy);
         row && !row->multi_rank && nproc > config.tp * config.pp)

@@ -146,6 +146,11 @@ struct TrainConfig {
   // activation_checkpointing): less activation memory, one more forward of
   // the blocks per step.
   bool activation_checkpointing = false;
+  // `dtrain train --parallel auto`: the layout flags `dtrain plan --search`
+  // chose and its predicted step time, for the banner and the metrics'
+  // final line ("" and 0: the layout was given by hand).
+  std::string parallel_auto;
+  double parallel_auto_predicted_step_s = 0;
 
   // ---- parameter server and stragglers (issue 7; src/train/ps_training.h, src/train/stragglers.h)
   int servers = 1;          // ps-*: the last S ranks serve; the other W = nproc - S train

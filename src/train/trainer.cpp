@@ -307,8 +307,11 @@ void DataParallelRun::print_banner() const {
             << (c.activation_checkpointing ? " with activation checkpointing" : "")
             << " on " << world_size_ << (world_size_ == 1 ? " rank" : " ranks")
             << (mesh_ ? ", mesh " + mesh_->describe() : std::string()) << " (" << world_->backend_name() << "), " << at::get_num_threads() << (at::get_num_threads() == 1 ? " thread" : " threads")
-            << " per rank\n"
-            << "  device    " << train::describe_device(device_)
+            << " per rank\n";
+  if (!c.parallel_auto.empty())
+    std::cout << "  layout    chosen by --parallel auto: " << c.parallel_auto << " (predicted "
+              << c.parallel_auto_predicted_step_s * 1e3 << " ms per step)\n";
+  std::cout << "  device    " << train::describe_device(device_)
             << (c.mixed_precision == "bf16" ? ", bf16 compute (fp32 master weights, " + c.reduce_dtype + " reduction)"
                                             : std::string(device_.is_cuda() && c.tf32 ? ", fp32 (TF32 matmuls)" : ", fp32"))
             << "\n"
@@ -656,6 +659,10 @@ void DataParallelRun::finish(double train_seconds) {
   final_line["local_batch_sizes"] = stragglers_.local_batch_sizes();  // --balance; [] = the even split
   final_line["train_time_s"] = train_seconds;
   final_line["mesh"] = {{"dp", dp_size_}, {"pp", config_.pp}, {"cp", config_.cp}, {"tp", config_.tp}};
+  final_line["parallel"] = config_.parallel_auto.empty()
+                               ? nlohmann::ordered_json("manual")
+                               : nlohmann::ordered_json{{"auto", config_.parallel_auto},
+                                                        {"predicted_step_s", config_.parallel_auto_predicted_step_s}};
   final_line["device"] = device_.str();
   // A peak the steps beat was measured under load (or given wrong): the next
   // run measures again rather than divide by it (Utilization::mfu).
