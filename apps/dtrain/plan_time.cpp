@@ -46,6 +46,7 @@ plan::Link parse_one(const std::string& text, const std::string& whole) {
 
 plan::Link from_bench_file(const std::string& path) {
   std::ifstream in(path);
+  if (!in) throw std::invalid_argument("--link '" + path + "' must be " + kForms + " (no file '" + path + "')");
   const auto json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!json.is_object() || !json.contains("links") || !json["links"].is_array() || json["links"].empty())
     throw std::invalid_argument("--link " + path + ": not a `dtrain bench collectives --json` file with fitted links "
@@ -123,6 +124,9 @@ plan::ComputeRates compute_rates(const TrainConfig& config, torch::ScalarType dt
   rates.flops_per_second = gemm_gflops > 0 ? gemm_gflops * 1e9
                                            : train::peak_flops(config, torch::Device(torch::kCPU), dtype).flops * share;
   rates.memory_bytes_per_second = memory_gbps > 0 ? memory_gbps * 1e9 : train::cpu_memory_bandwidth() * share;
+  // This machine's cores drive the transfers when its ranks' threads fill
+  // them; a rate given for another device (a GPU) has engines of its own.
+  rates.communication_share = gemm_gflops <= 0 && ranks_on_host * threads >= cores ? 1.0 : 0.0;
   at::set_num_threads(before);
   return rates;
 }

@@ -41,7 +41,9 @@ struct MeshPlacement {
 // probe of train::peak_flops, at `threads` threads) and the memory
 // bandwidth, each times cores / (ranks_on_host x threads) where the ranks
 // on a host have fewer cores than threads. Positive `gemm_gflops` or
-// `memory_gbps` replace the probes.
+// `memory_gbps` replace the probes. The communication share is 1 where the
+// ranks' threads fill this machine's cores (no core left to drive the
+// transfers), else 0, and 0 with `gemm_gflops` (another device's rates).
 plan::ComputeRates compute_rates(const TrainConfig& config, torch::ScalarType dtype, int ranks_on_host,
                                  double gemm_gflops, double memory_gbps);
 

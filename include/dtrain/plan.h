@@ -266,6 +266,11 @@ Optimizer optimizer_from(const std::string& name, double momentum);
 struct ComputeRates {
   double flops_per_second = 0;         // matrix products in the compute dtype
   double memory_bytes_per_second = 0;  // what elementwise kernels and the optimizer stream
+  // The share of a collective's time that also holds up compute, overlapped
+  // or not: 1 where the cores that compute also drive the transfers (a CPU
+  // whose ranks' threads fill its cores), 0 where the transfers have their
+  // own engine (a GPU's copy engines and NICs).
+  double communication_share = 0;
   bool known() const { return flops_per_second > 0 && memory_bytes_per_second > 0; }
 };
 

@@ -39,7 +39,7 @@ namespace {
 struct ChunkTimes {
   double forward = 0, backward = 0;  // compute, one microbatch
   double in_line = 0;                // its own collectives per action
-  double gather = 0;                 // its units' all-gathers, once
+  double gather = 0;                 // its units' all-gathers (and compressed casts), once
   double message = 0;                // what it sends on (or back), one microbatch
 };
 
@@ -71,7 +71,7 @@ std::vector<StepTime> pipeline_step_times(const std::vector<ModelSpec>& ranks, c
       ChunkTimes c;
       for (size_t u = 0; u < part->units.size(); ++u) {
         c.forward += costs.forward[u];
-        c.gather += costs.gather[u];
+        c.gather += costs.gather[u] + costs.gather_casts[u];
       }
       c.forward += costs.tail;
       c.backward = 2 * c.forward;
@@ -84,14 +84,16 @@ std::vector<StepTime> pipeline_step_times(const std::vector<ModelSpec>& ranks, c
     double gather = 0, reduce = 0;
     for (size_t u = 0; u < model.units.size(); ++u) {
       gather += whole.gather[u];
-      reduce += whole.reduce[u];
+      reduce += whole.reduce[u] + whole.reduce_casts[u];
     }
     if (gathers && !layout.gather_per_microbatch) before[static_cast<size_t>(r)] = gather;
     if (layout.ddp) {
       double buckets = 0;  // the whole replica's gradients, in buckets of the default cap
       for (const auto& unit : model.units) buckets += whole.bucket(unit.numel() * 4);
       const double last_backward = chunks[static_cast<size_t>(r)][0].backward;
-      after[static_cast<size_t>(r)] = std::max(0.0, buckets - last_backward);
+      // Overlapped with the last backward, but for the share of the cores they take.
+      const double share = layout.compute.communication_share;
+      after[static_cast<size_t>(r)] = share * buckets + (1 - share) * std::max(0.0, buckets - last_backward);
       t.communication_seconds += buckets;
     } else {
       after[static_cast<size_t>(r)] = reduce;
@@ -139,17 +141,18 @@ std::vector<StepTime> pipeline_step_times(const std::vector<ModelSpec>& ranks, c
           ready = backward_end[static_cast<size_t>(v + 1)][static_cast<size_t>(a.microbatch)] + sender.message;
         }
         if (ready == kNever) break;  // its input is not computed yet
+        const bool sends = a.forward ? v + 1 < stages : v > 0;
         const double work = (a.forward ? c.forward : c.backward) + c.in_line +
-                            (layout.gather_per_microbatch && !layout.ddp ? c.gather : 0);
+                            (layout.gather_per_microbatch && !layout.ddp ? c.gather : 0) +
+                            (sends ? layout.compute.communication_share * c.message : 0);
         const double end = std::max(free_at[static_cast<size_t>(r)], ready) + work;
         (a.forward ? forward_end : backward_end)[static_cast<size_t>(v)][static_cast<size_t>(a.microbatch)] = end;
         free_at[static_cast<size_t>(r)] = end;
         busy[static_cast<size_t>(r)] += work;
         auto& t = times[static_cast<size_t>(r)];
         t.compute_seconds += a.forward ? c.forward : c.backward;
-        t.communication_seconds += c.in_line + (v + 1 < stages && a.forward ? c.message : 0) +
-                                   (v > 0 && !a.forward ? c.message : 0);
-        t.exposed_communication_seconds += c.in_line;
+        t.communication_seconds += c.in_line + (sends ? c.message : 0);
+        t.exposed_communication_seconds += c.in_line + (sends ? layout.compute.communication_share * c.message : 0);
         if (layout.gather_per_microbatch && !layout.ddp) {
           t.communication_seconds += c.gather;
           t.exposed_communication_seconds += c.gather;

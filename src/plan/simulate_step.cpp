@@ -105,6 +105,7 @@ class FSDPReplay {
       units_.push_back(state);
     }
     gathered_at_.assign(units_.size(), 0);
+    clock_.set_communication_share(layout.compute.communication_share);
   }
 
   void run() {
@@ -182,6 +183,7 @@ class FSDPReplay {
       unit.in_flight = false;
       t_.remove(&MemoryBreakdown::gathered_parameters, gather_source_bytes(u));
       clock_.wait(gathered_at_[u]);
+      clock_.compute(costs_.gather_casts[u]);  // compressed records read back
     }
     unit.using_full = true;
   }
@@ -311,6 +313,7 @@ class FSDPReplay {
     while (fsdp_rules::must_wait_for_reduction(layout_.strategy, reducing_.size(), options_.max_inflight_reductions))
       finish_reduction();
     if (!fsdp_rules::reduces_in_place(layout_.strategy)) reducing_.push_back(u);
+    clock_.compute(costs_.reduce_casts[u]);  // compressed records made
     reduced_at_.push_back(clock_.issue(costs_.reduce[u]));
     t_.add(&MemoryBreakdown::reduction_buffers, flat.padded * layout_.reduce_bytes);
     t_.mark("backward: " + display(spec) + " reduces its gradients");
@@ -381,6 +384,7 @@ void replay_ddp(const ModelSpec& model, const Layout& layout, Plan& plan) {
   Timeline t;
   const StepCosts costs(model, layout, FSDPOptions{});
   StepClock clock;
+  clock.set_communication_share(layout.compute.communication_share);
   int64_t largest = 0;
   for (const auto& unit : model.units) {
     t.add(&MemoryBreakdown::parameters, unit.numel() * 4);

@@ -23,8 +23,13 @@ class StepClock {
   double issue(double seconds) {
     link_free_ = std::max(link_free_, now_) + seconds;
     time_.communication_seconds += seconds;
+    const double held = share_ * seconds;  // the cores it takes from compute
+    now_ += held;
+    time_.exposed_communication_seconds += held;
     return link_free_;
   }
+  // ComputeRates::communication_share.
+  void set_communication_share(double share) { share_ = share; }
   // The compute stream waits for a collective that completes at `done`.
   void wait(double done) {
     if (done <= now_) return;
@@ -54,7 +59,7 @@ class StepClock {
   }
 
  private:
-  double now_ = 0, link_free_ = 0;
+  double now_ = 0, link_free_ = 0, share_ = 0;
   StepTime time_;
 };
 
@@ -66,6 +71,9 @@ struct StepCosts {
   double tail = 0;                   // the root's after its children: the head, the logits and the loss
   std::vector<double> gather;        // one all-gather of the unit (0: none on the wire)
   std::vector<double> reduce;        // its gradients' reductions, issued together
+  // Compressed collectives' casts on the compute stream (records made and
+  // read back; fsdp_compression.h): per all-gather, and per reduction.
+  std::vector<double> gather_casts, reduce_casts;
   double optimizer = 0;              // the optimizer step over this rank's elements
   double model_collectives = 0;      // the model's own (ModelSpec::collectives), on model_link
   double backward(size_t u) const { return 2 * forward[u]; }

@@ -24,6 +24,12 @@
 //   twice the forward (two products per product; activations read and their
 //   gradients written). Activation checkpointing adds a forward to each
 //   recomputed unit's backward.
+// - Compressed collectives (--fsdp-compress) make records from what they
+//   send and read the received ones back, on the compute stream: the
+//   records' bytes and the full buffer's, at the memory bandwidth.
+// - On a CPU the transfers are the cores' work too: a share of each
+//   collective's time (ComputeRates::communication_share, 1 where the
+//   ranks' threads fill the cores) holds up compute even when overlapped.
 // - The optimizer streams this rank's elements: AdamW reads the parameter,
 //   gradient and two states and writes three, with two temporaries written
 //   and read (11 fp32 accesses); SGD with momentum 5, without 3.
@@ -35,9 +41,10 @@
 // - A pipeline stage waits for its neighbours: the bubble
 //   (simulate_pipeline_step.cpp).
 // What it leaves out: kernel launch overheads, the gradient copies into
-// reduction buffers and dtype casts, and contention between the link and
-// compute for the same cores (on a CPU the Communicator's thread shares
-// them). bench/plan_search.py measures how far that takes the prediction.
+// reduction buffers and dtype casts, contention for memory bandwidth, and
+// fixed per-step costs (the data loader, the step loop's bookkeeping,
+// per-tensor optimizer calls), which weigh most in small models on a CPU.
+// bench/plan_search.py measures how far that takes the prediction.
 #include "plan/step_clock.h"
 #include "plan/plan_internal.h"
 
@@ -64,6 +71,8 @@ StepCosts::StepCosts(const ModelSpec& model, const Layout& layout, const FSDPOpt
   forward.assign(units, 0);
   gather.assign(units, 0);
   reduce.assign(units, 0);
+  gather_casts.assign(units, 0);
+  reduce_casts.assign(units, 0);
   if (!predicted) return;
   const double flops = layout.compute.flops_per_second, bandwidth = layout.compute.memory_bytes_per_second;
   int64_t elements = 0;
@@ -77,9 +86,18 @@ StepCosts::StepCosts(const ModelSpec& model, const Layout& layout, const FSDPOpt
     }
     for (int64_t count : flat.local_counts) elements += count;
     if (unit.parameters.empty() || layout.world_size == 1) continue;
-    if (!(layout.group_size == 1 && layout.compute_bytes == layout.master_bytes))
-      gather[u] = link_seconds(unit_all_gather(model, u, layout, fsdp), layout.link);
-    for (const auto& c : unit_reductions(model, u, layout, fsdp)) reduce[u] += link_seconds(c, layout.link);
+    if (!(layout.group_size == 1 && layout.compute_bytes == layout.master_bytes)) {
+      const Collective gathered = unit_all_gather(model, u, layout, fsdp);
+      gather[u] = link_seconds(gathered, layout.link);
+      const int64_t full = flat.padded * layout.compute_bytes;
+      if (gathered.payload_bytes != full)  // records: made from the shard, read back into the full buffer
+        gather_casts[u] = static_cast<double>(gathered.payload_bytes + full) / bandwidth;
+    }
+    for (const auto& c : unit_reductions(model, u, layout, fsdp)) {
+      reduce[u] += link_seconds(c, layout.link);
+      if (c.op == "all_to_all")  // records of the full gradient, and the shard summed from them
+        reduce_casts[u] = static_cast<double>(c.payload_bytes + flat.padded * layout.reduce_bytes) / bandwidth;
+    }
   }
   tail = model.head_forward_flops / flops +
          static_cast<double>(model.root_tail_activation_bytes + model.output_bytes + model.loss_bytes) / bandwidth;

@@ -145,3 +145,15 @@ TEST(StepTime, PipelineWaitsForItsNeighbours) {
   EXPECT_NEAR(plan::pipeline_step_times({stage_of_two(0), stage_of_two(1)}, options)[0].seconds,
               9 * f + 2 * m + loss + optimizer, 1e-12);
 }
+
+// Where the cores that compute also drive the transfers
+// (ComputeRates::communication_share = 1), nothing is hidden: the DDP step
+// above pays for both buckets.
+TEST(StepTime, SharedCoresHideNoCommunication) {
+  auto options = timed(plan::Engine::DDP);
+  options.compute.communication_share = 1;
+  const plan::Plan p = plan::make_plan(two_units(), options);
+  const double bucket = 4.0 * kElements / kRate, optimizer = 12.0 * 2 * kElements / kRate;
+  EXPECT_NEAR(p.time.exposed_communication_seconds, 2 * bucket, 1e-12);
+  EXPECT_NEAR(p.time.seconds, 0.09 + optimizer + 2 * bucket, 1e-12);
+}
