@@ -6,7 +6,9 @@ namespace dtrain::train {
 
 // Bytes per second (read plus written) of a copy between two 64 MiB fp32
 // tensors on the CPU with this process's threads, the best of five rounds
-// (about a tenth of a second). Not cached: it is cheap.
+// (about a tenth of a second); cached per CPU and thread count
+// (memory_bandwidth.json beside peak_flops.json, machine_cache.h), so that
+// plans and --parallel auto choose alike from run to run.
 double cpu_memory_bandwidth();
 
 }  // namespace dtrain::train

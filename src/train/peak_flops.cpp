@@ -1,4 +1,5 @@
 #include "train/peak_flops.h"
+#include "train/machine_cache.h"
 
 #include "dtrain/model_spec.h"
 #include "dtrain/train.h"
@@ -23,20 +24,6 @@ namespace dtrain::train {
 namespace fs = std::filesystem;
 namespace {
 
-fs::path cache_file() {
-  if (const char* dir = std::getenv("DTRAIN_CACHE_DIR"); dir && *dir) return fs::path(dir) / "peak_flops.json";
-  if (const char* dir = std::getenv("XDG_CACHE_HOME"); dir && *dir) return fs::path(dir) / "dtrain" / "peak_flops.json";
-  if (const char* home = std::getenv("HOME"); home && *home) return fs::path(home) / ".cache" / "dtrain" / "peak_flops.json";
-  return {};
-}
-
-std::string cpu_model() {
-  std::ifstream info("/proc/cpuinfo");
-  for (std::string line; std::getline(info, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "cpu";
-}
-
 // What the measurement depends on: the device, the dtype, and on the CPU
 // the threads a rank computes with.
 std::string cache_key(const TrainConfig& config, const torch::Device& device, torch::ScalarType dtype) {
@@ -45,27 +32,6 @@ std::string cache_key(const TrainConfig& config, const torch::Device& device, to
   if (device.is_cuda() && dtype == torch::kFloat32) key += config.tf32 ? " tf32" : " no-tf32";
   if (!device.is_cuda()) key += " threads=" + std::to_string(at::get_num_threads());
   return key;
-}
-
-nlohmann::json read_cache(const fs::path& file) {
-  std::ifstream in(file);
-  if (!in) return nlohmann::json::object();
-  auto cached = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  return cached.is_object() ? cached : nlohmann::json::object();
-}
-
-// Best-effort: a cache that cannot be written costs a probe next time.
-// Written to a private file and renamed, so concurrent runs never see half.
-void write_cache(const fs::path& file, const nlohmann::json& cached) {
-  std::error_code error;
-  fs::create_directories(file.parent_path(), error);
-  const fs::path temporary = file.string() + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(temporary);
-    if (!(out << cached.dump(2) << '\n')) return;
-  }
-  fs::rename(temporary, file, error);
-  if (error) fs::remove(temporary, error);
 }
 
 struct Probe {
@@ -134,19 +100,19 @@ double model_flops_per_unit(const TrainConfig& config, int64_t parameters) {
 
 PeakFlops peak_flops(const TrainConfig& config, const torch::Device& device, torch::ScalarType dtype) {
   if (config.peak_tflops > 0) return {config.peak_tflops * 1e12, "--peak-tflops"};
-  const fs::path file = cache_file();
+  const fs::path file = machine_cache_file("peak_flops.json");
   const std::string key = cache_key(config, device, dtype);
   if (!file.empty()) {
-    const auto cached = read_cache(file);
+    const auto cached = read_machine_cache(file);
     if (auto it = cached.find(key); it != cached.end() && it->is_number() && it->get<double>() > 0)
       return {it->get<double>() * 1e12, "cached in " + file.string()};
   }
   const Probe probe = measure(device, dtype);
   if (probe.cores_busy) return {probe.flops, "measured while the cores were busy, not cached"};
   if (!file.empty()) {
-    auto cached = read_cache(file);
+    auto cached = read_machine_cache(file);
     cached[key] = probe.flops / 1e12;
-    write_cache(file, cached);
+    write_machine_cache(file, cached);
   }
   return {probe.flops, "measured"};
 }
@@ -161,10 +127,10 @@ std::string format_flops(double flops_per_s) {
 }
 
 void forget_cached_peak(const TrainConfig& config, const torch::Device& device, torch::ScalarType dtype) {
-  const fs::path file = cache_file();
+  const fs::path file = machine_cache_file("peak_flops.json");
   if (file.empty()) return;
-  auto cached = read_cache(file);
-  if (cached.erase(cache_key(config, device, dtype)) > 0) write_cache(file, cached);
+  auto cached = read_machine_cache(file);
+  if (cached.erase(cache_key(config, device, dtype)) > 0) write_machine_cache(file, cached);
 }
 
 }  // namespace dtrain::train
