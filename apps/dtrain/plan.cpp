@@ -634,7 +634,7 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
   cmd->add_flag("--json", f.json, "Print the plan as JSON");
   cmd->add_flag("--search", f.search,
                 "Rank every layout dtrain train accepts on --nproc ranks (mesh, strategy, microbatches and schedule, "
-                "activation checkpointing, prefetch, compression) that fits --device-memory, by predicted tokens/s "
+                "activation checkpointing, prefetch) that fits --device-memory, by predicted tokens/s "
                 "(needs --link); the layout flags given are the search's to choose");
   cmd->add_option("--top", f.top, "With --search: the layouts listed (0: all that fit)")->check(at_least(0))
       ->capture_default_str();

@@ -5,10 +5,13 @@
 // has it), sequence parallelism with tp, every planned strategy (hsdp at
 // half the engine's ranks, as dtrain train groups it), for a pipeline 1, 2, 4
 // and 8 microbatches per stage under 1f1b, gpipe and interleaved (2 chunks
-// per rank), and for the sharded strategies prefetch on or off, activation
-// checkpointing on or off, and bf16 gradient reduction (and all-gathers,
-// in fp32) or none. What mixed precision, the optimizer and the batch are
-// stays the user's: they change the numbers trained, not only the speed.
+// per rank), and for the sharded strategies prefetch on or off and
+// activation checkpointing on or off. What mixed precision, the optimizer
+// and the batch are stays the user's: they change the numbers trained, not
+// only the speed. Compressed collectives (--fsdp-compress) are left out:
+// they change the numbers too, and the memory plan does not count their
+// records' buffers (up to 6% more than planned, measured by the test
+// plan.search's first version), so a listed layout could outgrow its plan.
 // Each candidate is resolved as `dtrain plan` resolves its flags (refusals
 // are the planner's and dtrain train's), planned on every pipeline stage, and
 // timed (Note [step time], Note [pipeline time]); those over the memory limit
@@ -95,21 +98,15 @@ void add_sharded_knobs(const Candidate& base, bool sharded, bool checkpointable,
   for (const bool prefetch : {true, false}) {
     for (const bool checkpointing : {false, true}) {
       if (checkpointing && !checkpointable) continue;
-      for (const bool compress : {false, true}) {
-        Candidate c = base;
-        c.flags.forward_prefetch = prefetch;
-        c.flags.backward_prefetch = prefetch ? "pre" : "none";
-        c.train_flags.insert(c.train_flags.end(), {"--fsdp-prefetch", prefetch ? "on" : "off"});
-        if (checkpointing) {
-          c.flags.activation_checkpointing = "on";
-          c.train_flags.insert(c.train_flags.end(), {"--activation-checkpointing", "on"});
-        }
-        if (compress) {
-          c.flags.fsdp_compress = base.flags.mixed_precision == "bf16" ? "grads=bf16" : "params=bf16,grads=bf16";
-          c.train_flags.insert(c.train_flags.end(), {"--fsdp-compress", c.flags.fsdp_compress});
-        }
-        out.push_back(std::move(c));
+      Candidate c = base;
+      c.flags.forward_prefetch = prefetch;
+      c.flags.backward_prefetch = prefetch ? "pre" : "none";
+      c.train_flags.insert(c.train_flags.end(), {"--fsdp-prefetch", prefetch ? "on" : "off"});
+      if (checkpointing) {
+        c.flags.activation_checkpointing = "on";
+        c.train_flags.insert(c.train_flags.end(), {"--activation-checkpointing", "on"});
       }
+      out.push_back(std::move(c));
     }
   }
 }

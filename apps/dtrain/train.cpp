@@ -276,7 +276,7 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
   parallel->add_option("--parallel", f.parallel,
                        "manual: the layout flags given (default) | auto: the fastest layout `dtrain plan --search` "
                        "predicts for --nproc ranks that fits this machine's memory (mesh, strategy, microbatches, "
-                       "schedule, prefetch, activation checkpointing, compression); leave those flags out")
+                       "schedule, prefetch, activation checkpointing); leave those flags out")
       ->check(CLI::IsMember({"manual", "auto"}))->capture_default_str();
   parallel->add_option("--plan-link", f.plan_link,
                        "With --parallel auto: the links to time layouts on, as dtrain plan --link takes them "
