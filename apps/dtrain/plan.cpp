@@ -2,6 +2,7 @@
 #include "plan_resolve.h"
 #include "plan_search.h"
 #include "plan_time.h"
+#include "json_file.h"
 #include "train.h"
 #include "dtrain/model_spec.h"
 #include "dtrain/train.h"
@@ -632,6 +633,9 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
                   "With --link: one rank's memory bandwidth in GB/s (default: a copy probe, shared likewise)")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", f.json, "Print the plan as JSON");
+  cmd->add_option("--explain", f.explain,
+                  "With --link: write the predicted step's timeline to PATH as a trace (every stage's ranks under "
+                  "--pp); `dtrain trace summary PATH` reads it as it reads dtrain train --trace's");
   cmd->add_flag("--search", f.search,
                 "Rank every layout dtrain train accepts on --nproc ranks (mesh, strategy, microbatches and schedule, "
                 "activation checkpointing, prefetch) that fits --device-memory, by predicted tokens/s "
@@ -646,12 +650,53 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
   return cmd;
 }
 
+// --explain: the predicted step of the planned rank (or of every pipeline
+// rank at its dp, cp and tp coordinates) in the trace format dtrain train
+// --trace writes: a "train" thread with compute, wait and step spans, and a
+// "comm" thread with the collectives.
+void write_explained_trace(const PlanFlags& f, const Resolved& r, const plan::Plan& p) {
+  std::vector<std::pair<int, plan::StepTime>> ranks;
+  if (r.pp == 1) {
+    ranks.emplace_back(f.rank, p.time);
+  } else {
+    auto times = plan::pipeline_step_times(r.stages, r.options);
+    const int block = r.pp * r.cp * r.tp, stride = r.cp * r.tp;
+    for (int s = 0; s < r.pp; ++s)
+      ranks.emplace_back(f.rank / block * block + s * stride + f.rank % stride, std::move(times[static_cast<size_t>(s)]));
+  }
+  nlohmann::json events = nlohmann::json::array();
+  for (const auto& [rank, time] : ranks) {
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", 0}, {"args", {{"name", "train"}}}});
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", 1}, {"args", {{"name", "comm"}}}});
+    for (const auto& span : time.spans) {
+      nlohmann::json event{{"ph", "X"},  {"pid", rank},
+                           {"tid", span.link ? 1 : 0},       {"cat", span.category},
+                           {"name", span.name},              {"ts", span.start_seconds * 1e6},
+                           {"dur", span.seconds * 1e6}};
+      if (span.bytes > 0) event["args"] = {{"bytes", span.bytes}};
+      events.push_back(std::move(event));
+    }
+  }
+  if (!write_json_file(f.explain, nlohmann::json{{"traceEvents", events}, {"predicted", true}}))
+    throw std::runtime_error("cannot write --explain " + f.explain);
+}
+
 int plan_main(const PlanFlags& flags) {
   if (flags.search) return print_search(flags);
-  const auto resolved = resolve(flags);
+  if (!flags.explain.empty() && flags.link.empty())
+    throw std::invalid_argument("--explain writes the predicted step's timeline: give --link too (`dtrain bench "
+                                "collectives --json FILE` measures it)");
+  auto resolved = resolve(flags);
+  resolved.options.explain = !flags.explain.empty();
   const auto p = plan::make_plan(resolved.model, resolved.options);
   if (flags.json) std::cout << to_json(resolved, p).dump(2) << std::endl;
   else print(resolved, p);
+  if (!flags.explain.empty()) {
+    write_explained_trace(flags, resolved, p);
+    if (!flags.json)
+      std::printf("Predicted timeline written to %s (`dtrain trace summary %s` reads it)\n", flags.explain.c_str(),
+                  flags.explain.c_str());
+  }
   return 0;
 }
 

@@ -59,6 +59,9 @@ struct PlanFlags {
   double gemm_gflops = 0;    // 0: the cached GEMM probe (train/peak_flops.h)
   double memory_gbps = 0;    // 0: a copy probe (train/memory_bandwidth.h)
   bool json = false;
+  // --explain PATH: the predicted step's timeline as a trace (every stage's
+  // ranks under --pp), which `dtrain trace summary` reads as a measured one.
+  std::string explain;
   // --search: every layout dtrain train accepts on --nproc ranks, ranked by
   // predicted tokens/s (plan_search.h).
   bool search = false;

@@ -308,6 +308,8 @@ struct PlanOptions {
   ComputeRates compute;
   Link link;
   Link model_link;
+  // Record the predicted step's spans (StepTime::spans): dtrain plan --explain.
+  bool explain = false;
 };
 
 // Bytes by what they hold.
@@ -331,6 +333,17 @@ struct UnitPlan {
   int64_t gathered_bytes = 0;  // its full parameters in the compute dtype (0 when never gathered)
 };
 
+// One span of a predicted step (PlanOptions::explain), as dtrain's traces
+// record a measured one (Note [trace summary] in dtrain/trace_summary.h), so
+// that `dtrain trace summary` reads both alike.
+struct TimelineSpan {
+  std::string name;
+  std::string category;  // compute | wait | comm | step
+  bool link = false;     // on the communication track (else the compute track)
+  double start_seconds = 0, seconds = 0;
+  int64_t bytes = 0;     // comm: what this rank sends
+};
+
 // A step's predicted time on one rank (Note [step time]).
 struct StepTime {
   double seconds = 0;                 // forward to the optimizer step's end
@@ -340,6 +353,7 @@ struct StepTime {
   // model's own collectives, which it runs in line.
   double exposed_communication_seconds = 0;
   double bubble_seconds = 0;          // a pipeline stage's wait for its neighbours
+  std::vector<TimelineSpan> spans;    // with PlanOptions::explain
   bool predicted() const { return seconds > 0; }
 };
 

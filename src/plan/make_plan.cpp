@@ -62,6 +62,7 @@ Layout resolve_layout(const PlanOptions& options) {
   layout.compute = options.compute;
   layout.link = options.link;
   layout.model_link = options.model_link;
+  layout.explain = options.explain;
   if (layout.ddp) {
     layout.group_size = 1;
     layout.replicas = options.world_size;

@@ -29,8 +29,11 @@
 #include <dtrain/pipeline.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace dtrain::plan {
@@ -41,9 +44,16 @@ struct ChunkTimes {
   double in_line = 0;                // its own collectives per action
   double gather = 0;                 // its units' all-gathers (and compressed casts), once
   double message = 0;                // what it sends on (or back), one microbatch
+  int64_t message_bytes = 0;
 };
 
 constexpr double kNever = std::numeric_limits<double>::infinity();
+
+// --explain: a span of rank `t`'s predicted step.
+void record(StepTime& t, bool on, std::string name, const char* category, bool link, double start, double seconds,
+            int64_t bytes = 0) {
+  if (on && seconds > 0) t.spans.push_back({std::move(name), category, link, start, seconds, bytes});
+}
 
 }  // namespace
 
@@ -78,6 +88,7 @@ std::vector<StepTime> pipeline_step_times(const std::vector<ModelSpec>& ranks, c
       c.in_line = costs.model_collectives / (2.0 * M);
       const Collective send{"send", "", 2, 1, part->pipeline.message_bytes, part->pipeline.message_bytes};
       c.message = part->pipeline.message_bytes > 0 ? collective_seconds(send, layout.model_link) : 0;
+      c.message_bytes = part->pipeline.message_bytes;
       chunks[static_cast<size_t>(r)].push_back(c);
     }
     auto& t = times[static_cast<size_t>(r)];
@@ -145,12 +156,22 @@ std::vector<StepTime> pipeline_step_times(const std::vector<ModelSpec>& ranks, c
         const double work = (a.forward ? c.forward : c.backward) + c.in_line +
                             (layout.gather_per_microbatch && !layout.ddp ? c.gather : 0) +
                             (sends ? layout.compute.communication_share * c.message : 0);
-        const double end = std::max(free_at[static_cast<size_t>(r)], ready) + work;
+        const double start = std::max(free_at[static_cast<size_t>(r)], ready);
+        const double end = start + work;
         (a.forward ? forward_end : backward_end)[static_cast<size_t>(v)][static_cast<size_t>(a.microbatch)] = end;
         free_at[static_cast<size_t>(r)] = end;
         busy[static_cast<size_t>(r)] += work;
         auto& t = times[static_cast<size_t>(r)];
-        t.compute_seconds += a.forward ? c.forward : c.backward;
+        const double compute = a.forward ? c.forward : c.backward;
+        const std::string what = std::string(a.forward ? "forward" : "backward") + " of microbatch " +
+                                 std::to_string(a.microbatch) + (V > 1 ? " (chunk " + std::to_string(a.chunk) + ")" : "");
+        record(t, layout.explain, what, "compute", false, start, compute);
+        record(t, layout.explain, "collectives and sends in line", "wait", false, start + compute, work - compute);
+        record(t, layout.explain, "the model's own collectives", "comm", true, start + compute, c.in_line);
+        if (sends)
+          record(t, layout.explain, a.forward ? "send activations" : "send gradients", "comm", true, end, c.message,
+                 c.message_bytes);
+        t.compute_seconds += compute;
         t.communication_seconds += c.in_line + (sends ? c.message : 0);
         t.exposed_communication_seconds += c.in_line + (sends ? layout.compute.communication_share * c.message : 0);
         if (layout.gather_per_microbatch && !layout.ddp) {
@@ -171,6 +192,14 @@ std::vector<StepTime> pipeline_step_times(const std::vector<ModelSpec>& ranks, c
   }
   for (int r = 0; r < P; ++r) {
     auto& t = times[static_cast<size_t>(r)];
+    const double done = free_at[static_cast<size_t>(r)];
+    record(t, layout.explain, "all-gather the rank's units", "comm", true, 0, before[static_cast<size_t>(r)]);
+    record(t, layout.explain, "wait", "wait", false, 0, before[static_cast<size_t>(r)]);
+    record(t, layout.explain, "reduce gradients, tied embedding, loss", "comm", true, done, after[static_cast<size_t>(r)]);
+    record(t, layout.explain, "wait", "wait", false, done, after[static_cast<size_t>(r)]);
+    record(t, layout.explain, "optimizer step", "compute", false, done + after[static_cast<size_t>(r)],
+           optimizer[static_cast<size_t>(r)]);
+    record(t, layout.explain, "step", "step", false, 0, step);
     t.compute_seconds += optimizer[static_cast<size_t>(r)];
     t.exposed_communication_seconds += before[static_cast<size_t>(r)] + after[static_cast<size_t>(r)];
     t.seconds = step;

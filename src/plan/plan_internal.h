@@ -29,6 +29,7 @@ struct Layout {
   bool gather_per_microbatch = false;  // a pipeline stage's units gathered per microbatch (PlanOptions)
   ComputeRates compute;  // PlanOptions': a step's time is predicted when these
   Link link, model_link;  // and the links are known (Note [step time])
+  bool explain = false;   // record the step's spans (StepTime::spans)
 };
 
 // PlanOptions checked and resolved (std::invalid_argument for what the

@@ -94,7 +94,8 @@ struct UnitState {
 class FSDPReplay {
  public:
   FSDPReplay(const ModelSpec& model, const Layout& layout, const FSDPOptions& options, Plan& plan)
-      : model_(model), layout_(layout), options_(options), plan_(plan), costs_(model, layout, options) {
+      : model_(model), layout_(layout), options_(options), plan_(plan), costs_(model, layout, options),
+        clock_(layout) {
     for (const auto& unit : model_.units) {
       UnitState state;
       state.flat = flat_layout(unit, layout_);
@@ -105,7 +106,6 @@ class FSDPReplay {
       units_.push_back(state);
     }
     gathered_at_.assign(units_.size(), 0);
-    clock_.set_communication_share(layout.compute.communication_share);
   }
 
   void run() {
@@ -132,8 +132,8 @@ class FSDPReplay {
                  "optimizer step");
     plan_.peak = t_.peak();
     plan_.peak_moment = t_.peak_moment();
-    clock_.in_line(costs_.model_collectives);
-    clock_.compute(costs_.optimizer);
+    clock_.in_line(costs_.model_collectives, [] { return std::string("the model's own collectives"); });
+    clock_.compute(costs_.optimizer, [] { return std::string("optimizer step"); });
     if (costs_.predicted) plan_.time = clock_.finish();
   }
 
@@ -170,7 +170,8 @@ class FSDPReplay {
     }
     t_.add(&MemoryBreakdown::gathered_parameters, gather_source_bytes(u));
     unit.in_flight = true;
-    gathered_at_[u] = clock_.issue(costs_.gather[u]);
+    gathered_at_[u] = clock_.issue(costs_.gather[u], [&] { return "all-gather " + display(model_.units[u]); },
+                                   costs_.gather_bytes[u]);
     count_gathered();
     t_.mark("all-gather of " + display(model_.units[u]) + " issued");
     return true;
@@ -183,7 +184,7 @@ class FSDPReplay {
       unit.in_flight = false;
       t_.remove(&MemoryBreakdown::gathered_parameters, gather_source_bytes(u));
       clock_.wait(gathered_at_[u]);
-      clock_.compute(costs_.gather_casts[u]);  // compressed records read back
+      clock_.compute(costs_.gather_casts[u], [] { return std::string("compressed records read"); });
     }
     unit.using_full = true;
   }
@@ -226,7 +227,7 @@ class FSDPReplay {
     consume(0);
     t_.add(&MemoryBreakdown::activations, model_.units[0].activation_bytes);
     t_.mark("forward: the root");
-    clock_.compute(costs_.forward[0]);
+    clock_.compute(costs_.forward[0], [] { return std::string("forward: the root"); });
     for (size_t u = 1; u < units_.size(); ++u) {
       if (start_unshard(u)) ++inflight_;
       if (options_.forward_prefetch) prefetch(neighbour(u, +1));
@@ -236,10 +237,10 @@ class FSDPReplay {
       else
         t_.add(&MemoryBreakdown::activations, model_.units[u].activation_bytes);
       t_.mark("forward: " + display(model_.units[u]));
-      clock_.compute(costs_.forward[u]);
+      clock_.compute(costs_.forward[u], [&] { return "forward: " + display(model_.units[u]); });
       if (reshard_after_forward(u)) reshard(u, true);
     }
-    clock_.compute(costs_.tail);
+    clock_.compute(costs_.tail, [] { return std::string("forward: head and loss"); });
     t_.add(&MemoryBreakdown::activations,
            model_.root_tail_activation_bytes + model_.output_bytes + model_.loss_bytes);
     t_.mark("end of forward (with the loss)");
@@ -252,7 +253,7 @@ class FSDPReplay {
     t_.add(&MemoryBreakdown::activations, model_.output_bytes);
     t_.mark_with(&MemoryBreakdown::activations, model_.output_bytes, "backward: the loss's gradients");
     pre_backward(0);
-    clock_.compute(2 * costs_.tail);
+    clock_.compute(2 * costs_.tail, [] { return std::string("backward: loss and head"); });
     t_.remove(&MemoryBreakdown::activations,
               model_.output_bytes + model_.loss_bytes + model_.root_tail_activation_bytes);
     t_.add(&MemoryBreakdown::gradients, model_.root_tail_gradient_bytes);
@@ -266,9 +267,9 @@ class FSDPReplay {
       if (checkpointed(u)) {  // the recompute, and the generator's state of the moment
         t_.add(&MemoryBreakdown::activations, spec.activation_bytes + generator_state_bytes());
         t_.mark("backward: " + display(spec) + " recomputes its forward");
-        clock_.compute(costs_.forward[u]);
+        clock_.compute(costs_.forward[u], [&] { return "recompute: " + display(spec); });
       }
-      clock_.compute(costs_.backward(u));
+      clock_.compute(costs_.backward(u), [&] { return "backward: " + display(spec); });
       unit_backward(u);
       if (checkpointed(u)) {
         t_.remove(&MemoryBreakdown::activations, spec.checkpointed_activation_bytes + generator_state_bytes());
@@ -276,7 +277,7 @@ class FSDPReplay {
       }
       reduced.push_back(u);
     }
-    clock_.compute(costs_.backward(0));
+    clock_.compute(costs_.backward(0), [] { return std::string("backward: the root"); });
     unit_backward(0);
     reduced.push_back(0);
     finalize(reduced);
@@ -313,8 +314,9 @@ class FSDPReplay {
     while (fsdp_rules::must_wait_for_reduction(layout_.strategy, reducing_.size(), options_.max_inflight_reductions))
       finish_reduction();
     if (!fsdp_rules::reduces_in_place(layout_.strategy)) reducing_.push_back(u);
-    clock_.compute(costs_.reduce_casts[u]);  // compressed records made
-    reduced_at_.push_back(clock_.issue(costs_.reduce[u]));
+    clock_.compute(costs_.reduce_casts[u], [] { return std::string("compressed records made"); });
+    reduced_at_.push_back(clock_.issue(costs_.reduce[u], [&] { return "reduce " + display(spec); },
+                                       costs_.reduce_bytes[u]));
     t_.add(&MemoryBreakdown::reduction_buffers, flat.padded * layout_.reduce_bytes);
     t_.mark("backward: " + display(spec) + " reduces its gradients");
     t_.remove(&MemoryBreakdown::gradients, flat.numel * layout_.compute_bytes);
@@ -383,8 +385,7 @@ class FSDPReplay {
 void replay_ddp(const ModelSpec& model, const Layout& layout, Plan& plan) {
   Timeline t;
   const StepCosts costs(model, layout, FSDPOptions{});
-  StepClock clock;
-  clock.set_communication_share(layout.compute.communication_share);
+  StepClock clock(layout);
   int64_t largest = 0;
   for (const auto& unit : model.units) {
     t.add(&MemoryBreakdown::parameters, unit.numel() * 4);
@@ -399,9 +400,9 @@ void replay_ddp(const ModelSpec& model, const Layout& layout, Plan& plan) {
   for (size_t u = 0; u < model.units.size(); ++u) {
     t.add(&MemoryBreakdown::activations, model.units[u].activation_bytes);
     t.mark("forward: " + display(model.units[u]));
-    clock.compute(costs.forward[u]);
+    clock.compute(costs.forward[u], [&] { return "forward: " + display(model.units[u]); });
   }
-  clock.compute(costs.tail);
+  clock.compute(costs.tail, [] { return std::string("forward: head and loss"); });
   t.add(&MemoryBreakdown::activations, model.root_tail_activation_bytes + model.output_bytes + model.loss_bytes);
   t.mark("end of forward (with the loss)");
   plan.forward_activation_bytes = t.now().activations;
@@ -410,10 +411,11 @@ void replay_ddp(const ModelSpec& model, const Layout& layout, Plan& plan) {
   t.remove(&MemoryBreakdown::activations, model.output_bytes + model.loss_bytes + model.root_tail_activation_bytes);
   t.add(&MemoryBreakdown::gradients, model.root_tail_gradient_bytes);
   DDPBucketFill fill;
-  clock.compute(2 * costs.tail);
+  clock.compute(2 * costs.tail, [] { return std::string("backward: loss and head"); });
   int64_t freed = fill.arrive(model.root_tail_gradient_bytes);
   auto unit_backward = [&](const UnitSpec& unit) {
-    clock.compute(costs.backward(static_cast<size_t>(&unit - &model.units[0])));
+    clock.compute(costs.backward(static_cast<size_t>(&unit - &model.units[0])),
+                  [&] { return "backward: " + display(unit); });
     t.add(&MemoryBreakdown::gradients, unit.gradients_at_workspace_peak * 4);
     t.mark_with(&MemoryBreakdown::activations, unit.backward_workspace_bytes, "backward: " + display(unit));
     t.remove(&MemoryBreakdown::gradients, unit.gradients_at_workspace_peak * 4);
@@ -429,19 +431,21 @@ void replay_ddp(const ModelSpec& model, const Layout& layout, Plan& plan) {
     }
     t.mark("backward: " + display(unit) + " has its gradients");
     t.remove(&MemoryBreakdown::gradients, freed);  // copied into complete buckets
-    if (freed > 0) clock.issue(costs.bucket(freed));  // the bucket's all-reduce
+    if (freed > 0)  // the bucket's all-reduce
+      clock.issue(costs.bucket(freed), [] { return std::string("all-reduce of a gradient bucket"); }, freed);
     freed = 0;
   };
   for (size_t u = model.units.size() - 1; u >= 1; --u) unit_backward(model.units[u]);
   unit_backward(model.units[0]);
   const int64_t last_bucket = fill.finish();
   t.remove(&MemoryBreakdown::gradients, last_bucket);
-  if (last_bucket > 0) clock.issue(costs.bucket(last_bucket));
+  if (last_bucket > 0)
+    clock.issue(costs.bucket(last_bucket), [] { return std::string("all-reduce of a gradient bucket"); }, last_bucket);
   t.mark_with(&MemoryBreakdown::activations, optimizer_temporary_bytes(layout, largest), "optimizer step");
   plan.peak = t.peak();
   plan.peak_moment = t.peak_moment();
-  clock.in_line(costs.model_collectives);
-  clock.compute(costs.optimizer);
+  clock.in_line(costs.model_collectives, [] { return std::string("the model's own collectives"); });
+  clock.compute(costs.optimizer, [] { return std::string("optimizer step"); });
   if (costs.predicted) plan.time = clock.finish();
 }
 

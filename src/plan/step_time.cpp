@@ -71,6 +71,8 @@ StepCosts::StepCosts(const ModelSpec& model, const Layout& layout, const FSDPOpt
   forward.assign(units, 0);
   gather.assign(units, 0);
   reduce.assign(units, 0);
+  gather_bytes.assign(units, 0);
+  reduce_bytes.assign(units, 0);
   gather_casts.assign(units, 0);
   reduce_casts.assign(units, 0);
   if (!predicted) return;
@@ -89,12 +91,14 @@ StepCosts::StepCosts(const ModelSpec& model, const Layout& layout, const FSDPOpt
     if (!(layout.group_size == 1 && layout.compute_bytes == layout.master_bytes)) {
       const Collective gathered = unit_all_gather(model, u, layout, fsdp);
       gather[u] = link_seconds(gathered, layout.link);
+      gather_bytes[u] = gathered.wire_bytes;
       const int64_t full = flat.padded * layout.compute_bytes;
       if (gathered.payload_bytes != full)  // records: made from the shard, read back into the full buffer
         gather_casts[u] = static_cast<double>(gathered.payload_bytes + full) / bandwidth;
     }
     for (const auto& c : unit_reductions(model, u, layout, fsdp)) {
       reduce[u] += link_seconds(c, layout.link);
+      reduce_bytes[u] += c.wire_bytes;
       if (c.op == "all_to_all")  // records of the full gradient, and the shard summed from them
         reduce_casts[u] = static_cast<double>(c.payload_bytes + flat.padded * layout.reduce_bytes) / bandwidth;
     }
