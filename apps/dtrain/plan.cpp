@@ -146,9 +146,14 @@ void resolve_time(const PlanFlags& f, const TrainConfig& config, Resolved& r,
   r.options.model_link = mesh.model_crosses_hosts(f.rank) ? links.inter : links.intra;
   r.link = r.options.link;
   const int on_host = f.ranks_per_host > 0 ? std::min(f.ranks_per_host, f.nproc) : f.nproc;
-  r.options.compute = rates ? *rates
-                            : compute_rates(config, r.options.fsdp.mixed_precision.param_dtype, on_host,
-                                            f.gemm_gflops, f.memory_gbps);
+  if (rates) {
+    r.options.compute = *rates;
+    return;
+  }
+  // The model timed at a data-parallel rank's batch (at least one sample).
+  const int64_t batch = std::max<int64_t>(1, r.global_batch / f.nproc);
+  r.options.compute = compute_rates(config, r.options.fsdp.mixed_precision.param_dtype, on_host, f.gemm_gflops,
+                                    f.memory_gbps, batch, r.kernel_efficiency);
 }
 
 }  // namespace
@@ -362,10 +367,13 @@ void print_time(const Resolved& r, const plan::StepTime& t) {
   if (!t.predicted()) return;
   const auto& rates = r.options.compute;
   std::printf("\nPredicted step time (rank %d): %.3f ms, %.0f %s/s over the %d ranks (Note [step time]: GEMMs at %.1f "
-              "GFLOP/s, memory at %.1f GB/s per rank)\n",
+              "GFLOP/s, memory at %.1f GB/s per rank",
               r.rank, t.seconds * 1e3, static_cast<double>(tokens_per_step(r)) / t.seconds,
               r.tokens_per_sample > 1 ? "tokens" : "samples", r.nproc, rates.flops_per_second / 1e9,
               rates.memory_bytes_per_second / 1e9);
+  if (r.kernel_efficiency != 1)
+    std::printf("; the probes' rates x %.2f, as fast as the model's own forward and backward ran", r.kernel_efficiency);
+  std::printf(")\n");
   std::printf("  compute %.3f ms, communication %.3f ms of which exposed %.3f ms", t.compute_seconds * 1e3,
               t.communication_seconds * 1e3, t.exposed_communication_seconds * 1e3);
   if (r.pp > 1) std::printf(", pipeline bubble %.3f ms", t.bubble_seconds * 1e3);
@@ -525,6 +533,11 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
                           : nlohmann::json()},
           {"communication_seconds", r.link ? nlohmann::json(communication_seconds(r, p)) : nlohmann::json()},
           {"time", to_json(step_time(r, p))},
+          {"rates", r.link ? nlohmann::json{{"gemm_flops_per_second", r.options.compute.flops_per_second},
+                                            {"memory_bytes_per_second", r.options.compute.memory_bytes_per_second},
+                                            {"communication_share", r.options.compute.communication_share},
+                                            {"kernel_efficiency", r.kernel_efficiency}}
+                           : nlohmann::json()},
           {"tokens_per_step", tokens_per_step(r)}};
 }
 

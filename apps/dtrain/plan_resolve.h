@@ -26,6 +26,8 @@ struct Resolved {
   std::vector<plan::ModelSpec> stages;
   std::string activations;  // where the activations came from (train::PlannedModel)
   int64_t tokens_per_sample = 1;  // seq_len for a model of token sequences
+  // --link: how fast the model's kernels ran against the probes' rates (1: not measured; plan_time.h)
+  double kernel_efficiency = 1;
 };
 
 // Throws std::invalid_argument for flags dtrain train would refuse or the

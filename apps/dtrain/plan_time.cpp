@@ -1,6 +1,8 @@
 #include "plan_time.h"
 
 #include "dtrain/train.h"
+#include "dtrain/model_spec.h"
+#include "train/compute_probe.h"
 #include "train/memory_bandwidth.h"
 #include "train/peak_flops.h"
 
@@ -113,7 +115,7 @@ bool MeshPlacement::model_crosses_hosts(int rank) const {
 }
 
 plan::ComputeRates compute_rates(const TrainConfig& config, torch::ScalarType dtype, int ranks_on_host,
-                                 double gemm_gflops, double memory_gbps) {
+                                 double gemm_gflops, double memory_gbps, int64_t batch, double& efficiency) {
   const int cores = allowed_cores();
   // The threads dtrain launch gives each rank (launch.cpp, default_threads_per_rank).
   const int threads = std::max(1, cores / std::max(1, ranks_on_host));
@@ -121,9 +123,24 @@ plan::ComputeRates compute_rates(const TrainConfig& config, torch::ScalarType dt
   plan::ComputeRates rates;
   const int before = at::get_num_threads();
   at::set_num_threads(threads);
-  rates.flops_per_second = gemm_gflops > 0 ? gemm_gflops * 1e9
-                                           : train::peak_flops(config, torch::Device(torch::kCPU), dtype).flops * share;
-  rates.memory_bytes_per_second = memory_gbps > 0 ? memory_gbps * 1e9 : train::cpu_memory_bandwidth() * share;
+  const double probed_flops = train::peak_flops(config, torch::Device(torch::kCPU), dtype).flops;
+  const double probed_bandwidth = train::cpu_memory_bandwidth();
+  efficiency = 1;
+  const ModelSpec& spec = find_model(config.model);
+  if ((gemm_gflops <= 0 || memory_gbps <= 0) && spec.plan_description) {
+    // The model's own kernels, timed, against the probes' rates (fp32, one rank's share of nothing: alone).
+    TrainConfig plain = config;
+    plain.tp = plain.pp = plain.cp = 1;
+    plain.sequence_parallel = false;
+    const plan::ModelSpec whole = spec.plan_description(plain, batch, torch::kFloat32);
+    const double fp32_flops =
+        dtype == torch::kFloat32 ? probed_flops : train::peak_flops(config, torch::Device(torch::kCPU), torch::kFloat32).flops;
+    const double predicted = plan::forward_backward_seconds(whole, {fp32_flops, probed_bandwidth});
+    const double measured = train::time_forward_backward(plain, batch);
+    if (predicted > 0 && measured > 0) efficiency = std::clamp(predicted / measured, 0.02, 4.0);
+  }
+  rates.flops_per_second = gemm_gflops > 0 ? gemm_gflops * 1e9 : probed_flops * efficiency * share;
+  rates.memory_bytes_per_second = memory_gbps > 0 ? memory_gbps * 1e9 : probed_bandwidth * efficiency * share;
   // This machine's cores drive the transfers when its ranks' threads fill
   // them; a rate given for another device (a GPU) has engines of its own.
   rates.communication_share = gemm_gflops <= 0 && ranks_on_host * threads >= cores ? 1.0 : 0.0;

@@ -44,7 +44,12 @@ struct MeshPlacement {
 // `memory_gbps` replace the probes. The communication share is 1 where the
 // ranks' threads fill this machine's cores (no core left to drive the
 // transfers), else 0, and 0 with `gemm_gflops` (another device's rates).
+// Unless both are given, the probes' rates are calibrated by the model's
+// efficiency: one forward and backward of config.model at `batch` samples
+// (fp32, on `threads` threads) timed against what the probes' rates predict
+// for it (Note [step time]); `efficiency` says what it was (1 where given
+// or not measurable).
 plan::ComputeRates compute_rates(const TrainConfig& config, torch::ScalarType dtype, int ranks_on_host,
-                                 double gemm_gflops, double memory_gbps);
+                                 double gemm_gflops, double memory_gbps, int64_t batch, double& efficiency);
 
 }  // namespace dtrain::cli

@@ -395,6 +395,11 @@ struct Plan {
 // model without checkpointed_activation_bytes).
 Plan make_plan(const ModelSpec& model, const PlanOptions& options);
 
+// The seconds one forward and backward of `model` (its units, the head and
+// the loss) take at `rates`, as the step time counts them (Note [step
+// time]); what a timed forward and backward of the model calibrates.
+double forward_backward_seconds(const ModelSpec& model, const ComputeRates& rates);
+
 // A pipeline's step time (Note [pipeline time], src/plan/pipeline_time.cpp):
 // `ranks[r]` describes pipeline rank r (describe_gpt_stage or
 // describe_llama_stage, or interleave_stages' merge of its chunks), each

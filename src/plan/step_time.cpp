@@ -30,6 +30,12 @@
 // - On a CPU the transfers are the cores' work too: a share of each
 //   collective's time (ComputeRates::communication_share, 1 where the
 //   ranks' threads fill the cores) holds up compute even when overlapped.
+// - The rates: the GEMM probe's (cached, as MFU's) and a copy's memory
+//   bandwidth, both scaled by how fast this machine runs the model's own
+//   kernels: one forward and backward of the model is timed and compared
+//   with what these rates predict for it (forward_backward_seconds;
+//   apps/dtrain/plan_time.cpp), so that small GEMMs, attention and the
+//   elementwise kernels' real traffic are counted at the speed they run.
 // - The optimizer streams this rank's elements: AdamW reads the parameter,
 //   gradient and two states and writes three, with two temporaries written
 //   and read (11 fp32 accesses); SGD with momentum 5, without 3.
@@ -111,6 +117,24 @@ StepCosts::StepCosts(const ModelSpec& model, const Layout& layout, const FSDPOpt
     model_collectives += link_seconds(c, layout.model_link);
   }
 }
+
+}  // namespace dtrain::plan::detail
+
+namespace dtrain::plan {
+
+double forward_backward_seconds(const ModelSpec& model, const ComputeRates& rates) {
+  detail::Layout layout;
+  layout.ddp = true;
+  layout.compute = rates;
+  const detail::StepCosts costs(model, layout, FSDPOptions{});
+  double seconds = 3 * costs.tail;
+  for (size_t u = 0; u < model.units.size(); ++u) seconds += costs.forward[u] + costs.backward(u);
+  return seconds;
+}
+
+}  // namespace dtrain::plan
+
+namespace dtrain::plan::detail {
 
 double StepCosts::bucket(int64_t bytes) const {
   if (!predicted || layout_.world_size == 1) return 0;
