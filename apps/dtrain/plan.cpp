@@ -108,17 +108,7 @@ void check_pipeline_flags(const PlanFlags& f, const ModelSpec& spec) {
 // What dtrain train would run: the flags the plan shares with it.
 TrainConfig train_config_of(const PlanFlags& f, const ModelSpec& spec) {
   TrainConfig config;
-  config.model = f.model;
-  config.model_options = f.model_options;
-  config.mlp_hidden = f.mlp_hidden;
-  config.gpt_layers = f.gpt_layers;
-  config.gpt_dim = f.gpt_dim;
-  config.gpt_heads = f.gpt_heads;
-  config.seq_len = f.seq_len;
-  config.vocab_size = f.vocab_size;
-  config.kv_heads = f.kv_heads;
-  config.ffn_dim = f.ffn_dim;
-  config.tie_embeddings = f.tie_embeddings;
+  copy_model_flags(f, config);
   config.tp = f.tp;
   config.sequence_parallel = f.sequence_parallel;
   config.pp = f.pp;

@@ -70,6 +70,23 @@ struct PlanFlags {
   bool probe = false;  // measure the activations even where the model's spec describes them
 };
 
+// The model's flags, which dtrain plan and dtrain train (TrainConfig) name
+// alike, from one to the other.
+template <typename From, typename To>
+void copy_model_flags(const From& from, To& to) {
+  to.model = from.model;
+  to.model_options = from.model_options;
+  to.mlp_hidden = from.mlp_hidden;
+  to.gpt_layers = from.gpt_layers;
+  to.gpt_dim = from.gpt_dim;
+  to.gpt_heads = from.gpt_heads;
+  to.seq_len = from.seq_len;
+  to.vocab_size = from.vocab_size;
+  to.kv_heads = from.kv_heads;
+  to.ffn_dim = from.ffn_dim;
+  to.tie_embeddings = from.tie_embeddings;
+}
+
 CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& flags);
 
 // After parsing. Throws std::invalid_argument for inconsistent flags (main

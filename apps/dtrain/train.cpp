@@ -497,17 +497,7 @@ constexpr const char* kLayoutFlags[] = {"--strategy",      "--tp",           "--
 // optimizer, on `nproc` ranks.
 PlanFlags search_flags_of(const TrainConfig& c, int nproc, const std::string& link) {
   PlanFlags f;
-  f.model = c.model;
-  f.model_options = c.model_options;
-  f.mlp_hidden = c.mlp_hidden;
-  f.gpt_layers = c.gpt_layers;
-  f.gpt_dim = c.gpt_dim;
-  f.gpt_heads = c.gpt_heads;
-  f.seq_len = c.seq_len;
-  f.vocab_size = c.vocab_size;
-  f.kv_heads = c.kv_heads;
-  f.ffn_dim = c.ffn_dim;
-  f.tie_embeddings = c.tie_embeddings;
+  copy_model_flags(c, f);
   f.batch_size = c.batch_size;
   f.mixed_precision = c.mixed_precision;
   f.optimizer = c.optimizer;
