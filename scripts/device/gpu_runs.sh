@@ -291,6 +291,38 @@ baseline_run() {
 # Plain LibTorch, then dtrain train single, ddp, fsdp (FSDP Full), zero2
 # (FSDP GradOp): the same GPT, batch and steps (the baseline times the 8
 # steps after 2 untimed ones, as the page takes dtrain's medians).
+# dtrain plan's predicted step beside a bench run's measured one (issue 40):
+# one rank, so no link is timed; the GEMM rate is the run's own MFU peak (the
+# probe it cached), the memory bandwidth $DTRAIN_GPU_HBM_GBPS (default 4800,
+# an H200's HBM3e). Writes $WORK/NAME.plan.json and a line to $OUT/bench.txt.
+plan_prediction() {  # plan_prediction NAME PLAN-FLAGS...
+  local name=$1
+  shift
+  local model_flag=(--model gpt)
+  [[ " $* " == *" --model "* ]] && model_flag=()
+  local peak
+  peak=$("$PYTHON" -c 'import json,sys
+lines=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+final=[l for l in lines if l.get("final")]
+print(final[-1].get("peak_tflops") or "" if final else "")' "$WORK/$name.jsonl" 2>/dev/null)
+  [ -n "$peak" ] || { echo "--- $name: no measured peak, no prediction"; return 0; }
+  local gflops
+  gflops=$("$PYTHON" -c 'import sys; print(float(sys.argv[1]) * 1000)' "$peak")
+  step "predicted step of $name: dtrain plan ${model_flag[*]} $* --nproc 1 --gemm-gflops $gflops"
+  timeout 60 "$DTRAIN" plan "${model_flag[@]}" "$@" --nproc 1 --link 10,100 --gemm-gflops "$gflops" \
+    --memory-gbps "${DTRAIN_GPU_HBM_GBPS:-4800}" --json >"$WORK/$name.plan.json" 2>&1 || {
+    echo "--- $name: dtrain plan failed: $(tail -n 2 "$WORK/$name.plan.json")"
+    return 0
+  }
+  "$PYTHON" -c 'import json,sys
+plan=json.load(open(sys.argv[1]))
+final=[json.loads(l) for l in open(sys.argv[2]) if l.strip() and json.loads(l).get("final")][-1]
+predicted, measured = plan["time"]["seconds"], final["step_time_s_median"]
+print("%s: predicted step %.1f ms, measured median %.1f ms, measured / predicted %.3f" %
+      (sys.argv[3], predicted * 1e3, measured * 1e3, measured / predicted))' \
+    "$WORK/$name.plan.json" "$WORK/$name.jsonl" "$name" | tee -a "$OUT/bench.txt"
+}
+
 phase_bench() {  # phase_bench 350m|1.3b|llama-1b
   local size=$1 model steps=10 need=30 phase=bench-$1
   [ "$size" = 350m ] || need=40
@@ -307,6 +339,8 @@ phase_bench() {  # phase_bench 350m|1.3b|llama-1b
       train_run "bench-$size-$strategy" "$phase" 1 "$need" 120 "${common[@]}" --strategy $strategy --mixed-precision bf16 \
         --fsdp-prefetch on
     done
+    has_flag "$plan_help" --gemm-gflops &&
+      plan_prediction "bench-$size-fsdp" "${model[@]}" --optimizer adamw --strategy fsdp --mixed-precision bf16
     # Where a step's time goes, when the untraced runs above fall short of
     # plain LibTorch: dtrain single again with --trace (host and device spans;
     # not in the table, whose runs are untraced).
