@@ -305,12 +305,17 @@ plan_prediction() {  # plan_prediction NAME PLAN-FLAGS...
 lines=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 final=[l for l in lines if l.get("final")]
 print(final[-1].get("peak_tflops") or "" if final else "")' "$WORK/$name.jsonl" 2>/dev/null)
-  [ -n "$peak" ] || { echo "--- $name: no measured peak, no prediction"; return 0; }
-  local gflops
-  gflops=$("$PYTHON" -c 'import sys; print(float(sys.argv[1]) * 1000)' "$peak")
-  step "predicted step of $name: dtrain plan ${model_flag[*]} $* --nproc 1 --gemm-gflops $gflops"
-  timeout 60 "$DTRAIN" plan "${model_flag[@]}" "$@" --nproc 1 --link 10,100 --gemm-gflops "$gflops" \
-    --memory-gbps "${DTRAIN_GPU_HBM_GBPS:-4800}" --json >"$WORK/$name.plan.json" 2>&1 || {
+  local rates=()
+  if [ -n "$peak" ] && [ "$peak" != 0.0 ] && [ "$peak" != 0 ]; then
+    rates=(--gemm-gflops "$("$PYTHON" -c 'import sys; print(float(sys.argv[1]) * 1000)' "$peak")"
+           --memory-gbps "${DTRAIN_GPU_HBM_GBPS:-4800}")
+  elif [ "$GPU_DEVICE" != cpu ]; then
+    echo "--- $name: no measured peak, no prediction"
+    return 0
+  fi  # the CPU dry run: dtrain plan's own probes of this machine
+  step "predicted step of $name: dtrain plan ${model_flag[*]} $* --nproc 1 ${rates[*]}"
+  timeout 60 "$DTRAIN" plan "${model_flag[@]}" "$@" --nproc 1 --link 10,100 "${rates[@]}" \
+    --json >"$WORK/$name.plan.json" 2>&1 || {
     echo "--- $name: dtrain plan failed: $(tail -n 2 "$WORK/$name.plan.json")"
     return 0
   }
