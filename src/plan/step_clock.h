@@ -17,7 +17,6 @@ namespace dtrain::plan::detail {
 
 class StepClock {
  public:
-  StepClock() = default;
   explicit StepClock(const Layout& layout)
       : share_(layout.compute.communication_share), recording_(layout.explain) {}
 
@@ -28,7 +27,6 @@ class StepClock {
     now_ += seconds;
     time_.compute_seconds += seconds;
   }
-  void compute(double seconds) { compute(seconds, [] { return std::string("compute"); }); }
   // A collective of `bytes` issued now; returns when it completes. The link
   // takes one at a time, in issue order (the Communicator's one thread per
   // rank). A share of it holds the compute stream (ComputeRates::
@@ -45,7 +43,6 @@ class StepClock {
     time_.exposed_communication_seconds += held;
     return link_free_;
   }
-  double issue(double seconds) { return issue(seconds, [] { return std::string("collective"); }); }
   // The compute stream waits for a collective that completes at `done`.
   void wait(double done) {
     if (done <= now_) return;
@@ -68,13 +65,6 @@ class StepClock {
     time_.communication_seconds += seconds;
     time_.exposed_communication_seconds += seconds;
   }
-  // Waiting for another rank (a pipeline neighbour): the bubble.
-  void idle_until(double when) {
-    if (when <= now_) return;
-    time_.bubble_seconds += when - now_;
-    now_ = when;
-  }
-  double now() const { return now_; }
   StepTime finish() {
     wait_all();
     time_.seconds = now_;

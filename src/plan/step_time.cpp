@@ -3,8 +3,9 @@
 //
 // Note [step time]
 // A step's time is predicted in the same replay that plans its memory
-// (simulate_step.cpp, simulate_pipeline_step.cpp), so the two follow the
-// same events and cannot drift apart. A rank has a compute stream and one
+// (simulate_step.cpp), so the two follow the same events and cannot drift
+// apart; a pipeline is timed over all its ranks at once from the same
+// costs (Note [pipeline time], pipeline_time.cpp). A rank has a compute stream and one
 // link for the engine's collectives, which run one at a time in the order
 // they are issued (the Communicator's thread). The replay advances the
 // compute stream by each unit's forward and backward, issues the engine's
@@ -45,7 +46,7 @@
 //   model's own run in line with compute (each layer waits for its
 //   all-reduce), so all of their time is exposed.
 // - A pipeline stage waits for its neighbours: the bubble
-//   (simulate_pipeline_step.cpp).
+//   (pipeline_time.cpp).
 // What it leaves out: kernel launch overheads, the gradient copies into
 // reduction buffers and dtype casts, contention for memory bandwidth, and
 // fixed per-step costs (the data loader, the step loop's bookkeeping,
