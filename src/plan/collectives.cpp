@@ -11,10 +11,10 @@
 // of G records (one per destination) in place of the reduce-scatter, which
 // sends (G-1)/G of its buffer as a ring reduce-scatter does.
 #include "plan/plan_internal.h"
+#include "plan/replay.h"
 
 #include "fsdp/schedule_rules.h"
 
-#include <dtrain/ddp.h>
 
 #include <string>
 
@@ -57,26 +57,9 @@ const CollectiveCompression& compression_of(const ModelSpec& model, size_t u, co
 
 // DDP's buckets (src/ddp/bucket_assignment.cpp with the default caps):
 // parameters from last to first, a bucket closed when the next parameter
-// would take it over its cap.
+// would take it over its cap (replay.h, DDPBucketFill).
 void add_ddp_buckets(const ModelSpec& model, const Layout& layout, Plan& plan) {
-  const DDPOptions defaults;
-  std::vector<int64_t> sizes;
-  for (const auto& unit : model.units)
-    for (const auto& p : unit.parameters) sizes.push_back(p.numel * 4);
-  int64_t open = 0;
-  bool first = true;
-  auto close = [&] {
-    add(plan, "all_reduce", "gradient buckets", layout.world_size, open);
-    open = 0;
-    first = false;
-  };
-  for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
-    const int64_t cap = first ? defaults.first_bucket_cap_bytes : defaults.bucket_cap_bytes;
-    if (open > 0 && open + *it > cap) close();
-    open += *it;
-    if (open >= (first ? defaults.first_bucket_cap_bytes : defaults.bucket_cap_bytes)) close();
-  }
-  if (open > 0) close();
+  for (const int64_t bytes : ddp_bucket_bytes(model)) add(plan, "all_reduce", "gradient buckets", layout.world_size, bytes);
 }
 
 // A pipeline stage's messages to its neighbours (each microbatch's

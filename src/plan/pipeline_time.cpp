@@ -24,6 +24,7 @@
 // A rank's step ends there; the step is the slowest rank's, and a rank's
 // time between its work and the step's end is its bubble.
 #include "plan/plan_internal.h"
+#include "plan/replay.h"
 #include "plan/step_clock.h"
 
 #include <dtrain/pipeline.h>
@@ -99,8 +100,8 @@ std::vector<StepTime> pipeline_step_times(const std::vector<ModelSpec>& ranks, c
     }
     if (gathers && !layout.gather_per_microbatch) before[static_cast<size_t>(r)] = gather;
     if (layout.ddp) {
-      double buckets = 0;  // the whole replica's gradients, in buckets of the default cap
-      for (const auto& unit : model.units) buckets += whole.bucket(unit.numel() * 4);
+      double buckets = 0;  // the whole replica's gradients, in DDP's buckets
+      for (const int64_t bytes : detail::ddp_bucket_bytes(model)) buckets += whole.bucket(bytes);
       const double last_backward = chunks[static_cast<size_t>(r)][0].backward;
       // Overlapped with the last backward, but for the share of the cores they take.
       const double share = layout.compute.communication_share;
@@ -134,7 +135,6 @@ std::vector<StepTime> pipeline_step_times(const std::vector<ModelSpec>& ranks, c
   std::vector<std::vector<double>> backward_end = forward_end;
   std::vector<size_t> next(static_cast<size_t>(P), 0);
   std::vector<double> free_at(before.begin(), before.end());
-  std::vector<double> busy(static_cast<size_t>(P), 0);
   for (bool progressed = true; progressed;) {
     progressed = false;
     for (int r = 0; r < P; ++r) {
@@ -160,7 +160,6 @@ std::vector<StepTime> pipeline_step_times(const std::vector<ModelSpec>& ranks, c
         const double end = start + work;
         (a.forward ? forward_end : backward_end)[static_cast<size_t>(v)][static_cast<size_t>(a.microbatch)] = end;
         free_at[static_cast<size_t>(r)] = end;
-        busy[static_cast<size_t>(r)] += work;
         auto& t = times[static_cast<size_t>(r)];
         const double compute = a.forward ? c.forward : c.backward;
         const std::string what = std::string(a.forward ? "forward" : "backward") + " of microbatch " +

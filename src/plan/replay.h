@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace dtrain::plan::detail {
 
@@ -78,5 +79,17 @@ class DDPBucketFill {
   int64_t open_ = 0;
   bool first_ = true;
 };
+
+// The bytes of each of DDP's buckets for `model`: every parameter's fp32
+// gradient, last to first, filled as DDPBucketFill fills them.
+inline std::vector<int64_t> ddp_bucket_bytes(const ModelSpec& model) {
+  std::vector<int64_t> buckets;
+  DDPBucketFill fill;
+  for (auto unit = model.units.rbegin(); unit != model.units.rend(); ++unit)
+    for (auto p = unit->parameters.rbegin(); p != unit->parameters.rend(); ++p)
+      if (const int64_t closed = fill.arrive(p->numel * 4); closed > 0) buckets.push_back(closed);
+  if (const int64_t last = fill.finish(); last > 0) buckets.push_back(last);
+  return buckets;
+}
 
 }  // namespace dtrain::plan::detail
