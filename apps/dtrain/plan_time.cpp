@@ -121,14 +121,22 @@ plan::ComputeRates compute_rates(const TrainConfig& config, torch::ScalarType dt
   const int threads = std::max(1, cores / std::max(1, ranks_on_host));
   const double share = std::min(1.0, static_cast<double>(cores) / (std::max(1, ranks_on_host) * threads));
   plan::ComputeRates rates;
+  // This machine's cores drive the transfers when its ranks' threads fill
+  // them; a rate given for another device (a GPU) has engines of its own.
+  rates.communication_share = gemm_gflops <= 0 && ranks_on_host * threads >= cores ? 1.0 : 0.0;
+  efficiency = 1;
+  if (gemm_gflops > 0 && memory_gbps > 0) {  // both given: nothing of this machine to probe
+    rates.flops_per_second = gemm_gflops * 1e9;
+    rates.memory_bytes_per_second = memory_gbps * 1e9;
+    return rates;
+  }
   const int before = at::get_num_threads();
   at::set_num_threads(threads);
   const double probed_flops = train::peak_flops(config, torch::Device(torch::kCPU), dtype).flops;
   const double probed_bandwidth = train::cpu_memory_bandwidth();
-  efficiency = 1;
   const ModelSpec& spec = find_model(config.model);
-  if ((gemm_gflops <= 0 || memory_gbps <= 0) && spec.plan_description) {
-    // The model's own kernels, timed, against the probes' rates (fp32, one rank's share of nothing: alone).
+  if (spec.plan_description) {
+    // The model's own kernels on one rank's threads, fp32, timed against the probes' rates.
     TrainConfig plain = config;
     plain.tp = plain.pp = plain.cp = 1;
     plain.sequence_parallel = false;
@@ -141,9 +149,6 @@ plan::ComputeRates compute_rates(const TrainConfig& config, torch::ScalarType dt
   }
   rates.flops_per_second = gemm_gflops > 0 ? gemm_gflops * 1e9 : probed_flops * efficiency * share;
   rates.memory_bytes_per_second = memory_gbps > 0 ? memory_gbps * 1e9 : probed_bandwidth * efficiency * share;
-  // This machine's cores drive the transfers when its ranks' threads fill
-  // them; a rate given for another device (a GPU) has engines of its own.
-  rates.communication_share = gemm_gflops <= 0 && ranks_on_host * threads >= cores ? 1.0 : 0.0;
   at::set_num_threads(before);
   return rates;
 }
