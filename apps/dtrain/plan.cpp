@@ -134,7 +134,6 @@ void resolve_time(const PlanFlags& f, const TrainConfig& config, Resolved& r,
   const MeshPlacement mesh{f.pp, f.cp, f.tp, f.nproc, f.ranks_per_host};
   r.options.link = mesh.engine_crosses_hosts(f.rank) ? links.inter : links.intra;
   r.options.model_link = mesh.model_crosses_hosts(f.rank) ? links.inter : links.intra;
-  r.link = r.options.link;
   const int on_host = f.ranks_per_host > 0 ? std::min(f.ranks_per_host, f.nproc) : f.nproc;
   if (rates) {
     r.options.compute = *rates;
@@ -449,13 +448,13 @@ void print(const Resolved& r, const plan::Plan& p) {
   for (const auto& c : p.collectives) {
     std::printf("  %-15s %-33s group %-3d %4lld calls %12s  sent %12s", c.op.c_str(), c.what.c_str(), c.group_size,
                 static_cast<long long>(c.calls), human(c.payload_bytes).c_str(), human(c.wire_bytes).c_str());
-    if (r.link) std::printf("  %9.3f ms", seconds_of(r, c) * 1e3);
+    if (r.timed()) std::printf("  %9.3f ms", seconds_of(r, c) * 1e3);
     std::printf("\n");
   }
-  if (r.link)
+  if (r.timed())
     std::printf("Communication time per step on --link (%.2f us per hop, %.3f GB/s; alpha-beta, ring algorithms, "
                 "nothing overlapped): %.3f ms\n",
-                r.link->latency_seconds * 1e6, r.link->bytes_per_second / 1e9, communication_seconds(r, p) * 1e3);
+                r.options.link.latency_seconds * 1e6, r.options.link.bytes_per_second / 1e9, communication_seconds(r, p) * 1e3);
   print_time(r, step_time(r, p));
 }
 
@@ -468,7 +467,7 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
   for (const auto& c : p.collectives) {
     collectives.push_back({{"op", c.op}, {"what", c.what}, {"group_size", c.group_size}, {"calls", c.calls},
                            {"payload_bytes", c.payload_bytes}, {"wire_bytes", c.wire_bytes}});
-    if (r.link) collectives.back()["seconds"] = seconds_of(r, c);
+    if (r.timed()) collectives.back()["seconds"] = seconds_of(r, c);
   }
   nlohmann::json pipeline = nullptr;
   if (r.pp > 1) {
@@ -518,12 +517,12 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
           {"collectives", collectives},
           {"payload_bytes_per_step", p.payload_bytes_per_step},
           {"wire_bytes_per_step", p.wire_bytes_per_step},
-          {"link", r.link ? nlohmann::json{{"latency_seconds", r.link->latency_seconds},
-                                           {"bytes_per_second", r.link->bytes_per_second}}
+          {"link", r.timed() ? nlohmann::json{{"latency_seconds", r.options.link.latency_seconds},
+                                           {"bytes_per_second", r.options.link.bytes_per_second}}
                           : nlohmann::json()},
-          {"communication_seconds", r.link ? nlohmann::json(communication_seconds(r, p)) : nlohmann::json()},
+          {"communication_seconds", r.timed() ? nlohmann::json(communication_seconds(r, p)) : nlohmann::json()},
           {"time", to_json(step_time(r, p))},
-          {"rates", r.link ? nlohmann::json{{"gemm_flops_per_second", r.options.compute.flops_per_second},
+          {"rates", r.timed() ? nlohmann::json{{"gemm_flops_per_second", r.options.compute.flops_per_second},
                                             {"memory_bytes_per_second", r.options.compute.memory_bytes_per_second},
                                             {"communication_share", r.options.compute.communication_share},
                                             {"kernel_efficiency", r.kernel_efficiency}}

@@ -21,11 +21,11 @@ struct Resolved {
   int nproc = 1, tp = 1, pp = 1, cp = 1;
   int dp = 1;                 // the data-parallel groups (the engine runs over dp x cp)
   int rank = 0;               // in the world
-  std::optional<plan::Link> link;  // --link: the engine's (options.link), for the collectives' listing
   // --pp: the model of each stage (the planned rank's is `model`).
   std::vector<plan::ModelSpec> stages;
   std::string activations;  // where the activations came from (train::PlannedModel)
   int64_t tokens_per_sample = 1;  // seq_len for a model of token sequences
+  bool timed() const { return options.link.bytes_per_second > 0; }  // --link given: the step is timed
   // --link: how fast the model's kernels ran against the probes' rates (1: not measured; plan_time.h)
   double kernel_efficiency = 1;
 };
