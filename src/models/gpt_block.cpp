@@ -2,9 +2,13 @@
 
 #include <dtrain/attention.h>
 
+#include "models/project.h"
+
 #include <vector>
 
 namespace dtrain::models {
+
+using detail::project;
 
 GPTBlockImpl::GPTBlockImpl(const GPTConfig& config)
     : n_head_(config.n_head), dropout_(config.dropout), config_(config) {
@@ -24,16 +28,16 @@ torch::Tensor GPTBlockImpl::forward(torch::Tensor x) {
   const double dropout = is_training() ? dropout_ : 0.0;
 
   // [B,T,3C] -> three [B,n_head,T,head_dim] tensors.
-  auto qkv = qkv_->forward(ln_1_->forward(x)).view({B, T, 3, n_head_, C / n_head_}).permute({2, 0, 3, 1, 4});
+  auto qkv = project(qkv_, ln_1_->forward(x)).view({B, T, 3, n_head_, C / n_head_}).permute({2, 0, 3, 1, 4});
   // is_causal: position t attends to positions <= t only, which is what
   // makes the logits at t independent of later tokens.
   // With dropout, the weights' mask is drawn as TPGPT draws it (dtrain/attention.h).
   auto y = causal_attention(qkv[0], qkv[1], qkv[2], dropout, n_head_, 0);
   y = y.transpose(1, 2).reshape({B, T, C});
-  x = x + torch::dropout(attn_proj_->forward(y), dropout, is_training());
+  x = x + torch::dropout(project(attn_proj_, y), dropout, is_training());
 
-  auto h = gpt_activation(config_, mlp_fc_->forward(ln_2_->forward(x)));
-  return x + torch::dropout(mlp_proj_->forward(h), dropout, is_training());
+  auto h = gpt_activation(config_, project(mlp_fc_, ln_2_->forward(x)));
+  return x + torch::dropout(project(mlp_proj_, h), dropout, is_training());
 }
 
 }  // namespace dtrain::models

@@ -5,9 +5,13 @@
 
 #include <dtrain/attention.h>
 
+#include "models/project.h"
+
 #include <torch/nn/functional/activation.h>
 
 namespace dtrain::models {
+
+using detail::project;
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({dim}));
@@ -64,9 +68,9 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config) : config_(conf
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t heads = config_.n_head, kv_heads = config_.n_kv_head, head_dim = config_.dim / heads;
-  auto q = rotate(q_proj_->forward(x).view({B, T, heads, head_dim}).transpose(1, 2), cos, sin);
-  auto k = rotate(k_proj_->forward(x).view({B, T, kv_heads, head_dim}).transpose(1, 2), cos, sin);
-  auto v = v_proj_->forward(x).view({B, T, kv_heads, head_dim}).transpose(1, 2);
+  auto q = rotate(project(q_proj_, x).view({B, T, heads, head_dim}).transpose(1, 2), cos, sin);
+  auto k = rotate(project(k_proj_, x).view({B, T, kv_heads, head_dim}).transpose(1, 2), cos, sin);
+  auto v = project(v_proj_, x).view({B, T, kv_heads, head_dim}).transpose(1, 2);
   if (kv_heads != heads) {
     // Query head h reads key/value head h / (heads / kv_heads).
     k = k.repeat_interleave(heads / kv_heads, 1);
@@ -74,7 +78,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
   }
   const double dropout = is_training() ? config_.dropout : 0.0;
   auto y = causal_attention(q, k, v, dropout, heads, 0);  // [B,heads,T,head_dim]
-  return o_proj_->forward(y.transpose(1, 2).reshape({B, T, heads * head_dim}));
+  return project(o_proj_, y.transpose(1, 2).reshape({B, T, heads * head_dim}));
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& config) {
@@ -88,7 +92,7 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& config) {
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
-  return down_proj_->forward(torch::silu(gate_proj_->forward(x)) * up_proj_->forward(x));
+  return project(down_proj_, torch::silu(project(gate_proj_, x)) * project(up_proj_, x));
 }
 
 LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& config) : config_(config) {
