@@ -273,6 +273,14 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
                        "With --mixed-precision bf16: the gradient all-reduce / reduce-scatter in fp32 (exact "
                        "averages) or bf16 (half the traffic)")
       ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+  parallel->add_option("--fp8", c.fp8,
+                       "off | tensorwise | rowwise: the model's linear layers (gpt, gpt2, llama: the blocks') multiply "
+                       "in fp8 with dynamic scales per tensor or per row; the head and embeddings stay (docs/fp8.md)")
+      ->check(CLI::IsMember({"off", "tensorwise", "rowwise"}))->capture_default_str();
+  parallel->add_option("--fp8-min-width", c.fp8_min_width,
+                       "With --fp8: layers y = x W^T, W [N, K], run in fp8 when K N / (K + N) >= this (and K, N are "
+                       "multiples of 16); smaller layers lose more to the casts than fp8 saves. 0: every layer")
+      ->capture_default_str();
   parallel->add_option("--parallel", f.parallel,
                        "manual: the layout flags given (default) | auto: the fastest layout `dtrain plan --search` "
                        "predicts for --nproc ranks that fits this machine's memory (mesh, strategy, microbatches, "

@@ -71,6 +71,16 @@ bool float8_eligible(int64_t in_features, int64_t out_features, const Float8Sett
 void set_float8_settings(const Float8Settings* settings);
 const Float8Settings* float8_settings();
 
+// How many dtrain::linear calls ran in fp8 and how many as torch::linear
+// while settings were installed, since the last Float8Scope began (a run's
+// final metrics line: a model whose layers never reach dtrain::linear shows
+// as none).
+struct Float8Calls {
+  int64_t fp8 = 0;
+  int64_t plain = 0;
+};
+Float8Calls float8_calls();
+
 // Installs `settings` for its lifetime (a copy), restoring what was there.
 class Float8Scope {
  public:

@@ -184,6 +184,9 @@ struct ModelSpec {
   // models::causal_attention (Note [sequence context], dtrain/attention.h),
   // and its loss is a mean over positions ([B, T, V] logits of [B, T] tokens).
   bool context_parallel = false;
+  // --fp8: the model's forward calls dtrain::linear for its linear layers
+  // (dtrain/float8.h), which multiplies in fp8 under the run's settings.
+  bool float8_layers = false;
   // The closing samples of a token_sequences run (--samples): continues
   // `prompts` (int64 [count, P]) by `new_tokens` tokens and returns int64
   // [count, P + new_tokens]. `logits` runs the model through the run's

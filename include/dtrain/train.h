@@ -133,6 +133,13 @@ struct TrainConfig {
   // gradients are reduced in reduce_dtype ("fp32" | "bf16").
   std::string mixed_precision = "none";
   std::string reduce_dtype = "fp32";
+  // --fp8: the linear layers a model calls through dtrain::linear (the
+  // built-in transformers' blocks; ModelSpec::float8_layers) multiply in fp8:
+  // "off" | "tensorwise" | "rowwise" (Note [float8 recipes] in
+  // dtrain/float8.h; docs/fp8.md). Layers whose K N / (K + N) is below
+  // fp8_min_width stay as they are (Note [which layers run in fp8]).
+  std::string fp8 = "off";
+  int64_t fp8_min_width = 1024;
   // zero1 / zero2 / fsdp / hsdp: prefetch the next unit's all-gather "on",
   // "off", or "auto" (measure both in the first steps and keep the faster;
   // Note [prefetch tuning] in src/fsdp/prefetch_tuner.h).

@@ -12,6 +12,7 @@ namespace {
 
 // Set by the trainer's thread, read by autograd's too (as Note [sequence context]).
 std::atomic<const Float8Settings*> installed_settings{nullptr};
+std::atomic<int64_t> fp8_calls{0}, plain_calls{0};
 
 int64_t round_up_16(int64_t n) { return (n + 15) / 16 * 16; }
 
@@ -126,8 +127,12 @@ void set_float8_settings(const Float8Settings* settings) { installed_settings.st
 const Float8Settings* float8_settings() { return installed_settings.load(); }
 
 Float8Scope::Float8Scope(const Float8Settings& settings) : settings_(settings), previous_(float8_settings()) {
+  fp8_calls = 0;
+  plain_calls = 0;
   set_float8_settings(&settings_);
 }
+
+Float8Calls float8_calls() { return {fp8_calls.load(), plain_calls.load()}; }
 Float8Scope::~Float8Scope() { set_float8_settings(previous_); }
 
 torch::Tensor float8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
@@ -142,8 +147,12 @@ torch::Tensor float8_linear(const torch::Tensor& x, const torch::Tensor& weight,
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   const Float8Settings* settings = float8_settings();
-  if (settings != nullptr && weight.dim() == 2 && float8_eligible(weight.size(1), weight.size(0), *settings))
+  if (settings == nullptr) return torch::linear(x, weight, bias);
+  if (weight.dim() == 2 && float8_eligible(weight.size(1), weight.size(0), *settings)) {
+    ++fp8_calls;
     return float8_linear(x, weight, bias, settings->scaling, settings->kernel);
+  }
+  ++plain_calls;
   return torch::linear(x, weight, bias);
 }
 

@@ -157,6 +157,7 @@ ModelSpec gpt_family(const std::string& summary, bool gelu_tanh) {
   spec.token_sequences = true;
   spec.checkpointable_blocks = true;
   spec.context_parallel = true;
+  spec.float8_layers = true;  // the blocks' linear layers (models/project.h); the head and embeddings stay as they are
   spec.hugging_face = gpt2_hugging_face(gelu_tanh);
   spec.check = [](const TrainConfig& c) {
     check_transformer_flags(c, /*llama=*/false);
@@ -194,6 +195,7 @@ ModelSpec llama() {
   spec.token_sequences = true;
   spec.checkpointable_blocks = true;
   spec.context_parallel = true;
+  spec.float8_layers = true;  // the blocks' linear layers (models/project.h); the head and embeddings stay as they are
   spec.hugging_face = llama_hugging_face();
   spec.check = [](const TrainConfig& c) {
     check_transformer_flags(c, /*llama=*/true);

@@ -2,6 +2,7 @@
 // that can be known before any data is read or any rank starts.
 #include "dtrain/train.h"
 
+#include "dtrain/float8.h"
 #include "dtrain/hugging_face.h"
 #include "dtrain/strategy_table.h"
 #include "dtrain/tokenizer.h"
@@ -323,6 +324,23 @@ void check_pipeline_flags(const TrainConfig& c, const ModelSpec& spec, int world
 
 // --activation-checkpointing on (the strategy is checked with the others:
 // train::check_strategy): what FSDP's recompute covers in this run.
+// --fp8: a model whose layers call dtrain::linear, split no further than
+// the weights every rank holds whole (a tp slice's tensorwise scale would
+// be its slice's, not the layer's).
+void check_float8(const TrainConfig& c, const ModelSpec& spec) {
+  if (c.fp8 == "off") return;
+  parse_float8_scaling(c.fp8);  // names the choices
+  if (c.fp8_min_width < 0) fail("--fp8-min-width must be >= 0, got " + std::to_string(c.fp8_min_width));
+  if (!spec.float8_layers)
+    fail("--fp8 " + c.fp8 + ": --model " + c.model +
+         "'s layers do not go through dtrain::linear (ModelSpec::float8_layers, dtrain/float8.h); call it in the "
+         "model's forward, or use --fp8 off");
+  if (c.tp > 1)
+    fail("--fp8 with --tp " + std::to_string(c.tp) +
+         " is not available yet: a tensor-parallel slice's scales would need the amax over its tp group; use --tp 1 "
+         "(fsdp, pp and cp take --fp8)");
+}
+
 void check_activation_checkpointing(const TrainConfig& c, const ModelSpec& spec, const torch::Device& device) {
   if (!c.activation_checkpointing) return;
   const std::string flag = "--activation-checkpointing on";
@@ -380,6 +398,7 @@ void check_train_config(const TrainConfig& c, int world_size) {
                          .fsdp_compress = c.fsdp_compress, .activation_checkpointing = c.activation_checkpointing},
                         data_ranks * c.cp);  // the engine's ranks
   check_activation_checkpointing(c, spec, device);
+  check_float8(c, spec);
   // On a GPU the ring's pairs run the memory-efficient CUDA kernel
   // (src/cp/pair_attention.cpp), which no GPU has run yet: the kit's
   // CudaTraining.RingAttentionPairsOnTheDeviceEqualFullAttention checks it

@@ -2,6 +2,7 @@
 
 #include "train/step_loop.h"
 
+#include "dtrain/float8.h"
 #include "dtrain/train.h"
 #include "train/stop_signals.h"
 
@@ -25,6 +26,11 @@ nlohmann::ordered_json final_record(const TrainConfig& config, const TrainResult
           {"strategy", config.strategy},
           {"model", config.model},
           {"activation_checkpointing", config.activation_checkpointing},
+          {"fp8", config.fp8 == "off" ? nlohmann::ordered_json(nullptr)
+                                      : nlohmann::ordered_json{{"scaling", config.fp8},
+                                                               {"min_width", config.fp8_min_width},
+                                                               {"fp8_calls", float8_calls().fp8},
+                                                               {"plain_calls", float8_calls().plain}}},
           {"parameters", parameters},
           {"batch_size", config.batch_size},
           {"step_time_s_median", result.step_time_s_median},

@@ -19,6 +19,7 @@
 // shards). The engine averages over dp x cp, so the gradient is
 // (1/(W N)) * sum S_r * W / B = sum_parts (1/N) sum_cp S_r / B, the same
 // global mean; the loss reported weighs each shard's S_r by 1/N (loss_share_).
+#include "dtrain/float8.h"
 #include "dtrain/tokenizer.h"
 #include "dtrain/train.h"
 #include "dtrain/trainer.h"
@@ -314,6 +315,9 @@ void DataParallelRun::print_banner() const {
   std::cout << "  device    " << train::describe_device(device_)
             << (c.mixed_precision == "bf16" ? ", bf16 compute (fp32 master weights, " + c.reduce_dtype + " reduction)"
                                             : std::string(device_.is_cuda() && c.tf32 ? ", fp32 (TF32 matmuls)" : ", fp32"))
+            << (c.fp8 != "off" ? ", fp8 " + c.fp8 + " linear layers of K N / (K + N) >= " +
+                                     std::to_string(c.fp8_min_width)
+                               : std::string())
             << "\n"
             << "  schedule  " << total_ << " steps of " << c.batch_size << " samples";
   if (c.epochs > 0) std::cout << " (" << c.epochs << (c.epochs == 1 ? " epoch" : " epochs") << ")";
@@ -753,6 +757,10 @@ TrainResult Trainer::run(CommPtr world) const {
   TrainConfig resolved = config_;
   apply_model_config(resolved);  // a Hugging Face config.json's architecture
   check_train_config(resolved, world->size());
+  // --fp8: for every forward of the run, on any thread (dtrain/float8.h).
+  std::optional<Float8Scope> float8;
+  if (resolved.fp8 != "off")
+    float8.emplace(Float8Settings{.scaling = parse_float8_scaling(resolved.fp8), .min_width = resolved.fp8_min_width});
   // The parameter server: its servers serve, its workers run the same StepLoop (step_loop.h).
   if (train::is_parameter_server(resolved.strategy)) return train::run_parameter_server(resolved, world);
   return DataParallelRun(resolved, std::move(world)).run();
