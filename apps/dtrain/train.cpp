@@ -281,6 +281,9 @@ void declare_flags(CLI::App& app, TrainFlags& f) {
                        "With --fp8: layers y = x W^T, W [N, K], run in fp8 when K N / (K + N) >= this (and K, N are "
                        "multiples of 16); smaller layers lose more to the casts than fp8 saves. 0: every layer")
       ->capture_default_str();
+  add_on_off(parallel, "--fp8-all-gather", c.fp8_all_gather,
+             "With --fp8 tensorwise and a sharded strategy: all-gather the weights the fp8 layers multiply as fp8 "
+             "(a byte per element; the same training) from the second step: on (default) | off");
   parallel->add_option("--parallel", f.parallel,
                        "manual: the layout flags given (default) | auto: the fastest layout `dtrain plan --search` "
                        "predicts for --nproc ranks that fits this machine's memory (mesh, strategy, microbatches, "

@@ -81,6 +81,14 @@ struct Float8Calls {
 };
 Float8Calls float8_calls();
 
+// Whether dtrain::linear has taken `weight` (its storage and offset in it)
+// in fp8 since the settings were installed. FSDP's float8 all-gather asks it
+// of every unit's gathered weights after the first step (Note [float8
+// all-gather] in src/fsdp/float8_gather.cpp).
+bool float8_took(const torch::Tensor& weight);
+// The same by storage (a c10::StorageImpl) and offset, for views not at hand.
+bool float8_took(const void* storage, int64_t storage_offset);
+
 // Installs `settings` for its lifetime (a copy), restoring what was there.
 class Float8Scope {
  public:

@@ -101,6 +101,13 @@ struct FSDPOptions {
   // takes params compression only.
   CollectiveCompression compression{};
   std::map<std::string, CollectiveCompression> compression_by_unit{};
+  // Under installed --fp8 tensorwise settings (dtrain/float8.h): from the
+  // second step, the weights dtrain::linear took in fp8 in the first are
+  // all-gathered as fp8 with one amax all-reduce per step for every unit
+  // (Note [float8 all-gather] in src/fsdp/float8_gather.cpp). Training is
+  // bitwise the same as without; a unit with compressed params keeps its
+  // compression instead.
+  bool float8_all_gather = false;
 };
 
 // What prefetch tuning measured and chose (FSDPOptions::prefetch_tuning_steps).

@@ -140,6 +140,11 @@ struct TrainConfig {
   // fp8_min_width stay as they are (Note [which layers run in fp8]).
   std::string fp8 = "off";
   int64_t fp8_min_width = 1024;
+  // --fp8 tensorwise under zero1/zero2/fsdp/hsdp: the weights dtrain::linear
+  // multiplies in fp8 are all-gathered as fp8 from the second step (Note
+  // [float8 all-gather] in src/fsdp/float8_gather.cpp; bitwise the same
+  // training, a byte per element on the wire).
+  bool fp8_all_gather = true;
   // zero1 / zero2 / fsdp / hsdp: prefetch the next unit's all-gather "on",
   // "off", or "auto" (measure both in the first steps and keep the faster;
   // Note [prefetch tuning] in src/fsdp/prefetch_tuner.h).

@@ -125,6 +125,8 @@ torch::Tensor FlatParameter::full_for_writing() const {
   return torch::empty({0}, full_.options()).set_(full_.storage(), 0, {padded_numel_});
 }
 
+const void* FlatParameter::full_storage() const { return full_.storage().unsafeGetStorageImpl(); }
+
 void FlatParameter::use_full_views() {
   torch::NoGradGuard no_grad;
   for (auto& entry : entries_) entry.param.set_data(full_.narrow(0, entry.offset, entry.numel).view(entry.shape));

@@ -77,6 +77,10 @@ class FlatParameter {
   // master dtype): nothing to gather, nothing to free.
   bool full_is_shard() const { return full_is_shard_; }
 
+  // The full buffer's storage (its StorageImpl), which parameter i's full
+  // view holds at offset entries()[i].offset, gathered or freed.
+  const void* full_storage() const;
+
   void use_full_views();
   void use_shard_views();
   bool using_full_views() const { return using_full_views_; }

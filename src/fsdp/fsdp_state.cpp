@@ -8,6 +8,7 @@
 #include "fsdp/wrap_policy.h"
 
 #include <dtrain/deferred_init.h>
+#include <dtrain/float8.h>
 #include <dtrain/memory.h>
 #include <dtrain/trace.h>
 
@@ -341,6 +342,7 @@ void consume(Unit& unit, int& inflight) {
 void FSDPState::gather_for_step(bool per_microbatch) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (gathered_for_step_) throw std::logic_error("FSDP: gather_for_step() twice without reduce_step_gradients()");
+  prepare_float8_gathers();
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = *units_[u];
     unit.reshard(free_after_backward());  // parameters changed since the last gather
@@ -404,6 +406,7 @@ torch::Tensor FSDPState::forward_root(const std::function<torch::Tensor()>& forw
     unit->reshard(free_after_backward());
     unit->reset_to_idle();
   }
+  prepare_float8_gathers();
   inflight_gathers_ = 0;
   prefetching_ = c10::GradMode::is_enabled() ? tuner_.begin_training_forward(*comm_) : tuner_.current();
   in_root_forward_ = true;
@@ -592,6 +595,50 @@ void FSDPState::finalize_backward() {
   for (auto& unit : units_) unit->reshard(free_after_backward());
   for (Unit* unit : reduce_order_) unit->finish_gradients();
   if (sync_) close_step_stats();
+}
+
+void FSDPState::prepare_float8_gathers() {
+  if (!options_.float8_all_gather) return;
+  const Float8Settings* settings = float8_settings();
+  if (settings == nullptr || settings->scaling != Float8Scaling::Tensorwise) return;
+  torch::NoGradGuard no_grad;
+  if (!float8_decided_) {
+    if (last_step().steps < 1) return;  // the first step shows which weights dtrain::linear takes
+    // Every rank decides alike, or the records' sizes would differ: the
+    // weights every rank saw taken.
+    std::vector<std::vector<char>> candidates;
+    std::vector<int32_t> mask;
+    for (const auto& unit : units_) {
+      candidates.push_back(unit->float8_candidates());
+      mask.insert(mask.end(), candidates.back().begin(), candidates.back().end());
+    }
+    auto agreed = torch::tensor(mask, torch::kInt).to(units_[0]->flat().shard().device());
+    if (agreed.numel() > 0) comm_->blocking().all_reduce(agreed, ReduceOp::Min);
+    agreed = agreed.cpu();
+    int64_t at = 0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      for (auto& taken : candidates[u]) taken = agreed[at++].item<int32_t>() != 0 ? 1 : 0;
+      units_[u]->gather_as_float8(candidates[u]);
+    }
+    float8_decided_ = true;
+  }
+  // One all-reduce of every unit's amax (the optimizer step changed them).
+  std::vector<torch::Tensor> amax;
+  std::vector<int64_t> counts;
+  for (const auto& unit : units_) {
+    auto local = unit->float8_local_amax();
+    counts.push_back(local.defined() ? local.numel() : 0);
+    if (local.defined()) amax.push_back(local);
+  }
+  if (amax.empty()) return;
+  auto all = torch::cat(amax);
+  comm_->blocking().all_reduce(all, ReduceOp::Max);
+  int64_t at = 0;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (counts[u] == 0) continue;
+    units_[u]->set_float8_amax(all.narrow(0, at, counts[u]));
+    at += counts[u];
+  }
 }
 
 void FSDPState::close_step_stats() {

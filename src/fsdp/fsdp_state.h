@@ -70,6 +70,10 @@ class FSDPState {
   void finalize_backward();
   // The end of a synchronised backward: this step's bytes become last_step().
   void close_step_stats();
+  // Note [float8 all-gather]: before a step's first gather, which weights
+  // gather as fp8 (decided once, after the first step) and their scales.
+  void prepare_float8_gathers();
+  bool float8_decided_ = false;
   // The end of a backward whose ranks' graphs differ: every unit some rank
   // used reduces now, in unit order.
   void reduce_in_unit_order();

@@ -4,11 +4,13 @@
 
 #include "common/tensor_alias.h"
 
+#include <dtrain/float8.h>
 #include <dtrain/trace.h>
 
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace dtrain::detail {
@@ -77,7 +79,14 @@ bool Unit::start_unshard() {
   const CommStream::Scope on_stream(stream);
   const trace::Label label("unit", index_, trace_name_);
   const int64_t group = groups_.shard->size();
-  if (param_format_ == fsdp_rules::WireFormat::Plain) {
+  if (float8_) {
+    const auto byte_options = flat_.shard().options().dtype(torch::kByte);
+    gather_source_ = torch::empty({float8_->record_bytes()}, byte_options);
+    float8_->encode(flat_, gather_source_);
+    gathered_records_ = torch::empty({float8_->record_bytes() * group}, byte_options);
+    if (stats_) stats_->all_gather_bytes += float8_->record_bytes() * group;
+    gather_work_ = groups_.shard->all_gather(gather_source_, gathered_records_);
+  } else if (param_format_ == fsdp_rules::WireFormat::Plain) {
     gather_source_ = flat_.shard().to(options_.mixed_precision.param_dtype);
     auto full = flat_.full_for_writing();
     if (stats_) stats_->all_gather_bytes += static_cast<int64_t>(full.nbytes());
@@ -114,11 +123,39 @@ void Unit::complete_gather() {
   const int64_t shard = flat_.shard_numel();
   const int64_t bytes = gathered_records_.numel() / groups_.shard->size();
   auto full = flat_.full_for_writing();
+  if (float8_) {
+    float8_->decode(flat_, gathered_records_, full);
+    gathered_records_ = torch::Tensor();
+    return;
+  }
   for (int r = 0; r < groups_.shard->size(); ++r) {
     full.narrow(0, r * shard, shard)
         .copy_(decode_record(param_format_, compression_.block_size, gathered_records_.narrow(0, r * bytes, bytes), shard));
   }
   gathered_records_ = torch::Tensor();
+}
+
+std::vector<char> Unit::float8_candidates() const {
+  std::vector<char> candidates(flat_.entries().size(), 0);
+  // Only where the plain gather would run: compressed params keep their
+  // compression, and a one-rank group in the master dtype gathers nothing.
+  if (param_format_ != fsdp_rules::WireFormat::Plain || flat_.full_is_shard()) return candidates;
+  for (size_t i = 0; i < candidates.size(); ++i)
+    candidates[i] = flat_.entries()[i].shape.size() == 2 && float8_took(flat_.full_storage(), flat_.entries()[i].offset) ? 1 : 0;
+  return candidates;
+}
+
+void Unit::gather_as_float8(const std::vector<char>& agreed) {
+  if (std::find(agreed.begin(), agreed.end(), 1) == agreed.end()) return;
+  float8_.emplace(flat_, agreed, groups_.shard->size(), options_.mixed_precision.param_dtype);
+}
+
+torch::Tensor Unit::float8_local_amax() const {
+  return float8_ ? float8_->local_amax(flat_) : torch::Tensor();
+}
+
+void Unit::set_float8_amax(const torch::Tensor& amax) {
+  if (float8_) float8_->set_amax(amax);
 }
 
 void Unit::finish_unshard() {

@@ -32,6 +32,7 @@
 
 #include "comm/comm_stream.h"
 #include "fsdp/flat_parameter.h"
+#include "fsdp/float8_gather.h"
 #include "fsdp/schedule_rules.h"
 
 #include <dtrain/comm.h>
@@ -40,6 +41,7 @@
 #include <torch/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -116,6 +118,16 @@ class Unit {
 
   int64_t expected_gradients() const { return expected_gradients_; }
 
+  // Note [float8 all-gather]: per entry, whether dtrain::linear took its
+  // gathered view in fp8 (and the unit can gather it as fp8); then, with the
+  // ranks' agreement, gather those as fp8 from now on.
+  std::vector<char> float8_candidates() const;
+  void gather_as_float8(const std::vector<char>& agreed);
+  // The gathered fp8 weights' local amax (float32, one per weight; empty
+  // without them), and their scales from the amax over the ranks.
+  torch::Tensor float8_local_amax() const;
+  void set_float8_amax(const torch::Tensor& amax);
+
   // Issue collectives from these streams from now on (before the first step).
   void use_streams(UnitStreams streams) { streams_ = streams; }
   // Before the unit goes (FSDPState's destructor, possibly after an error
@@ -154,6 +166,7 @@ class Unit {
   fsdp_rules::WireFormat param_format_ = fsdp_rules::WireFormat::Plain;
   fsdp_rules::WireFormat grad_format_ = fsdp_rules::WireFormat::Plain;
   torch::Tensor gathered_records_;   // every rank's encoded shard, until decoded into the full buffer
+  std::optional<Float8Gather> float8_;  // Note [float8 all-gather]
   torch::Tensor gradient_records_;   // what this rank received from the all-to-all, until summed
   FSDPStepStats* stats_ = nullptr;
   // Waits for the gather and, when compressed, decodes every rank's record

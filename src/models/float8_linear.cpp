@@ -5,6 +5,9 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <mutex>
+#include <set>
+#include <utility>
 #include <stdexcept>
 
 namespace dtrain {
@@ -13,6 +16,16 @@ namespace {
 // Set by the trainer's thread, read by autograd's too (as Note [sequence context]).
 std::atomic<const Float8Settings*> installed_settings{nullptr};
 std::atomic<int64_t> fp8_calls{0}, plain_calls{0};
+
+// The weights dtrain::linear took in fp8, by storage and offset: what FSDP's
+// gathered views of a unit's weights are, step after step.
+using WeightKey = std::pair<const void*, int64_t>;
+std::mutex taken_mutex;
+std::set<WeightKey> taken_weights;
+
+WeightKey key_of(const torch::Tensor& weight) {
+  return {weight.storage().unsafeGetStorageImpl(), weight.storage_offset()};
+}
 
 int64_t round_up_16(int64_t n) { return (n + 15) / 16 * 16; }
 
@@ -129,10 +142,21 @@ const Float8Settings* float8_settings() { return installed_settings.load(); }
 Float8Scope::Float8Scope(const Float8Settings& settings) : settings_(settings), previous_(float8_settings()) {
   fp8_calls = 0;
   plain_calls = 0;
+  {
+    std::lock_guard<std::mutex> lock(taken_mutex);
+    taken_weights.clear();
+  }
   set_float8_settings(&settings_);
 }
 
 Float8Calls float8_calls() { return {fp8_calls.load(), plain_calls.load()}; }
+
+bool float8_took(const torch::Tensor& weight) { return weight.has_storage() && float8_took(key_of(weight).first, weight.storage_offset()); }
+
+bool float8_took(const void* storage, int64_t storage_offset) {
+  std::lock_guard<std::mutex> lock(taken_mutex);
+  return taken_weights.count({storage, storage_offset}) > 0;
+}
 Float8Scope::~Float8Scope() { set_float8_settings(previous_); }
 
 torch::Tensor float8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
@@ -150,6 +174,10 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
   if (settings == nullptr) return torch::linear(x, weight, bias);
   if (weight.dim() == 2 && float8_eligible(weight.size(1), weight.size(0), *settings)) {
     ++fp8_calls;
+    if (weight.has_storage()) {
+      std::lock_guard<std::mutex> lock(taken_mutex);
+      taken_weights.insert(key_of(weight));
+    }
     return float8_linear(x, weight, bias, settings->scaling, settings->kernel);
   }
   ++plain_calls;

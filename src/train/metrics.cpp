@@ -29,6 +29,8 @@ nlohmann::ordered_json final_record(const TrainConfig& config, const TrainResult
           {"fp8", config.fp8 == "off" ? nlohmann::ordered_json(nullptr)
                                       : nlohmann::ordered_json{{"scaling", config.fp8},
                                                                {"min_width", config.fp8_min_width},
+                                                               {"all_gather", config.fp8 == "tensorwise" &&
+                                                                                      config.fp8_all_gather},
                                                                {"fp8_calls", float8_calls().fp8},
                                                                {"plain_calls", float8_calls().plain}}},
           {"parameters", parameters},

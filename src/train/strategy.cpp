@@ -253,6 +253,7 @@ FSDPOptions fsdp_options(const StrategyOptions& options, int world_size) {
   fsdp.activation_checkpointing = options.activation_checkpointing;
   fsdp.device = options.device;
   fsdp.comm_streams = options.comm_streams;
+  fsdp.float8_all_gather = options.float8_all_gather;
   return fsdp;
 }
 

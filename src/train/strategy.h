@@ -106,6 +106,8 @@ struct StrategyOptions {
   // unused in it (DDPOptions::find_unused_parameters: one small all-reduce
   // more per step) and reduces what they accumulated.
   bool chunked_stage = false;
+  // --fp8 tensorwise, --fp8-all-gather on: FSDPOptions::float8_all_gather.
+  bool float8_all_gather = false;
 };
 
 // --mixed-precision / --reduce-dtype as the engines' policy (DDP and FSDP alike).

@@ -282,7 +282,8 @@ void DataParallelRun::build() {
                .gather_per_microbatch = config_.pp_gather == "microbatch",
                .device = device_.is_cuda() ? std::optional<torch::Device>(device_) : std::nullopt,
                .comm_streams = config_.comm_streams,
-               .chunked_stage = config_.virtual_stages > 1},
+               .chunked_stage = config_.virtual_stages > 1,
+               .float8_all_gather = config_.fp8 == "tensorwise" && config_.fp8_all_gather},
       engine_world_);
   if (pipeline_ && !model_.tied_weight.empty()) tied_weight_ = strategy_->updated_tensor(model_.tied_weight);
   if (!config_.init_from.empty()) {
