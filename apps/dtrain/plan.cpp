@@ -4,6 +4,7 @@
 #include "plan_time.h"
 #include "json_file.h"
 #include "train.h"
+#include "dtrain/float8.h"
 #include "dtrain/model_spec.h"
 #include "dtrain/train.h"
 #include "train/plan_model.h"
@@ -237,6 +238,16 @@ Resolved resolve(const PlanFlags& f, const std::optional<plan::ComputeRates>& ra
       throw std::invalid_argument("--fsdp-compress grads=...: --strategy " + f.strategy +
                                   " all-reduces gradients; use grads=none with it");
   }
+  if (f.fp8 != "off") {  // as dtrain train's check_float8
+    r.options.float8.scaling = parse_float8_scaling(f.fp8);
+    r.options.float8.min_width = f.fp8_min_width;
+    if (f.fp8_min_width < 0) throw std::invalid_argument("--fp8-min-width must be >= 0");
+    if (!spec.float8_layers)
+      throw std::invalid_argument("--fp8 " + f.fp8 + ": --model " + f.model +
+                                  "'s layers do not go through dtrain::linear (ModelSpec::float8_layers)");
+    if (f.tp > 1) throw std::invalid_argument("--fp8 with --tp " + std::to_string(f.tp) + " is not available yet");
+    r.options.fsdp.float8_all_gather = f.fp8_all_gather == "on";
+  }
   if (f.activation_checkpointing == "on") {  // as dtrain train refuses what it does not run
     const std::string flag = "--activation-checkpointing on";
     require_fsdp_engine(f.strategy, kActivationCheckpointingNeedsFsdp);
@@ -401,6 +412,12 @@ void print(const Resolved& r, const plan::Plan& p) {
               static_cast<long long>(r.global_batch),
               r.options.fsdp.mixed_precision.param_dtype == torch::kBFloat16 ? "bf16 compute" : "fp32", r.optimizer.c_str(),
               r.options.fsdp.activation_checkpointing ? ", activation checkpointing (blocks recomputed in backward)" : "");
+  if (r.options.float8.scaling != Float8Scaling::Off)
+    std::printf("fp8 %s linear layers (K N / (K + N) >= %lld)%s\n", float8_scaling_name(r.options.float8.scaling).c_str(),
+                static_cast<long long>(r.options.float8.min_width),
+                r.options.float8.scaling == Float8Scaling::Tensorwise && r.options.fsdp.float8_all_gather && !ddp
+                    ? ", their weights all-gathered as fp8 after the first step; activations as without fp8"
+                    : ", activations as without fp8");
 
   std::printf("\nPeak memory of rank %d: %s (the larger of the start's and a step's)\n", r.rank,
               human(p.overall_peak_bytes()).c_str());
@@ -501,6 +518,8 @@ nlohmann::json to_json(const Resolved& r, const plan::Plan& p) {
           {"mixed_precision", r.options.fsdp.mixed_precision.param_dtype == torch::kBFloat16 ? "bf16" : "none"},
           {"optimizer", r.optimizer},
           {"fsdp_compress", to_string(r.options.fsdp.compression)},
+          {"fp8", float8_scaling_name(r.options.float8.scaling)},
+          {"fp8_all_gather", r.options.float8.scaling == Float8Scaling::Tensorwise && r.options.fsdp.float8_all_gather},
           {"activation_checkpointing", r.options.fsdp.activation_checkpointing},
           {"peak_bytes", p.overall_peak_bytes()},
           {"step_peak_bytes", p.peak.total()},
@@ -576,6 +595,13 @@ CLI::App* add_plan_subcommand(CLI::App& app, PlanFlags& f) {
   cmd->add_option("--fsdp-compress", f.fsdp_compress,
                   "Sharded strategies: compressed collectives as dtrain train takes them, e.g. params=int8,grads=bf16")
       ->capture_default_str();
+  cmd->add_option("--fp8", f.fp8,
+                  "off | tensorwise | rowwise, as dtrain train --fp8: with tensorwise and a sharded strategy the fp8 "
+                  "layers' weights are all-gathered as fp8 (a byte per element; the steps after the first)")
+      ->check(CLI::IsMember({"off", "tensorwise", "rowwise"}))->capture_default_str();
+  cmd->add_option("--fp8-min-width", f.fp8_min_width, "As dtrain train --fp8-min-width")->capture_default_str();
+  cmd->add_option("--fp8-all-gather", f.fp8_all_gather, "on | off, as dtrain train --fp8-all-gather")
+      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   cmd->add_option("--activation-checkpointing", f.activation_checkpointing,
                   "Sharded strategies with --model gpt: on (each block keeps only its input from forward to backward "
                   "and is recomputed in its backward, as dtrain train --activation-checkpointing on) | off")

@@ -33,6 +33,9 @@ struct PlanFlags {
   int64_t batch_size = 0;         // global; 0: gpt 32, else 128 (as dtrain train)
   std::string mixed_precision = "none";  // none | bf16
   std::string fsdp_compress = "none";    // as dtrain train --fsdp-compress
+  std::string fp8 = "off";               // as dtrain train --fp8, --fp8-min-width, --fp8-all-gather
+  int64_t fp8_min_width = 1024;
+  std::string fp8_all_gather = "on";
   std::string activation_checkpointing = "off";  // on | off (as dtrain train)
   std::string optimizer;          // adamw | sgd; "": gpt adamw, else sgd (as dtrain train)
   double momentum = 0.9;

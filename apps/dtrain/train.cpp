@@ -511,6 +511,9 @@ PlanFlags search_flags_of(const TrainConfig& c, int nproc, const std::string& li
   copy_model_flags(c, f);
   f.batch_size = c.batch_size;
   f.mixed_precision = c.mixed_precision;
+  f.fp8 = c.fp8;
+  f.fp8_min_width = c.fp8_min_width;
+  f.fp8_all_gather = c.fp8_all_gather ? "on" : "off";
   f.optimizer = c.optimizer;
   f.momentum = c.momentum;
   f.nproc = nproc;

@@ -19,6 +19,7 @@
 // src/plan/simulate_step.cpp. `dtrain plan` is the command line over this.
 #pragma once
 
+#include <dtrain/float8.h>
 #include <dtrain/fsdp.h>
 #include <dtrain/models.h>
 #include <dtrain/pipeline.h>
@@ -41,6 +42,10 @@ namespace dtrain::plan {
 struct ParameterSpec {
   std::string name;  // as in module->named_parameters()
   int64_t numel = 0;
+  // A weight [linear_out, linear_in] the model multiplies through
+  // dtrain::linear, which --fp8 takes where float8_eligible says
+  // (dtrain/float8.h); 0: not one.
+  int64_t linear_in = 0, linear_out = 0;
 };
 
 // One FSDP unit: a module whose parameters are gathered and reduced together
@@ -280,6 +285,11 @@ struct PlanOptions {
   // max_inflight_all_gathers, activation_checkpointing (planned for
   // describe_gpt's models; mlp and cnn have no unit to recompute)
   FSDPOptions fsdp;
+  // --fp8: with tensorwise scaling and fsdp.float8_all_gather, the weights
+  // ParameterSpec marks as dtrain::linear's and float8_eligible takes are
+  // gathered as fp8 (Note [float8 all-gather]; the run's first step
+  // gathers as without, the plan is of the steps after it).
+  Float8Settings float8{};
   Optimizer optimizer = Optimizer::AdamW;
   int world_size = 1;
   // The rank to plan. Ranks differ only in how much of the padding their

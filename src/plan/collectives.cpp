@@ -16,6 +16,7 @@
 #include "fsdp/schedule_rules.h"
 
 
+#include <algorithm>
 #include <string>
 
 namespace dtrain::plan::detail {
@@ -87,8 +88,37 @@ void add_pipeline(const ModelSpec& model, const Layout& layout, Plan& plan) {
 
 }  // namespace
 
+int64_t float8_record_bytes(const ModelSpec& model, size_t u, const Layout& layout, const FSDPOptions& fsdp) {
+  const UnitSpec& unit = model.units[u];
+  if (layout.ddp || layout.float8_gather.scaling == Float8Scaling::Off || unit.parameters.empty()) return 0;
+  if (layout.group_size == 1 && layout.compute_bytes == layout.master_bytes) return 0;  // nothing gathered
+  // Unit::float8_candidates: only where the plain gather would run.
+  const auto& compression = compression_of(model, u, fsdp);
+  auto format = fsdp_rules::effective_format(fsdp_rules::wire_format(compression.params), layout.group_size);
+  if (format == fsdp_rules::WireFormat::BF16 && layout.compute_bytes == 2) format = fsdp_rules::WireFormat::Plain;
+  if (format != fsdp_rules::WireFormat::Plain) return 0;
+  const auto flat = flat_layout(unit, layout);
+  // Float8Gather: each rank's part of the other parameters, the largest sent by all.
+  std::vector<int64_t> others(static_cast<size_t>(layout.group_size), 0);
+  bool any = false;
+  int64_t offset = 0;
+  for (const auto& p : unit.parameters) {
+    const bool fp8 = p.linear_in > 0 && float8_eligible(p.linear_in, p.linear_out, layout.float8_gather);
+    any = any || fp8;
+    for (int r = 0; r < layout.group_size && !fp8; ++r) {
+      const int64_t begin = std::max(offset, r * flat.shard), end = std::min(offset + p.numel, (r + 1) * flat.shard);
+      if (begin < end) others[static_cast<size_t>(r)] += end - begin;
+    }
+    offset += p.numel;
+  }
+  if (!any) return 0;
+  return flat.shard + *std::max_element(others.begin(), others.end()) * layout.compute_bytes;
+}
+
 Collective unit_all_gather(const ModelSpec& model, size_t u, const Layout& layout, const FSDPOptions& fsdp) {
   const int G = layout.group_size;
+  if (const int64_t record = float8_record_bytes(model, u, layout, fsdp); record > 0)
+    return one_call("all_gather", "parameters, fp8", G, G * record);
   const auto flat = flat_layout(model.units[u], layout);
   const auto& compression = compression_of(model, u, fsdp);
   auto format = fsdp_rules::effective_format(fsdp_rules::wire_format(compression.params), G);

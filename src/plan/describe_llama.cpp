@@ -120,14 +120,17 @@ ModelSpec describe_llama(const models::LlamaConfig& config, int64_t batch_per_ra
     UnitSpec block;
     block.name = prefix;
     block.parameters.push_back({prefix + ".input_layernorm.weight", C});
-    block.parameters.push_back({prefix + ".self_attn.q_proj.weight", C / n * C});
-    block.parameters.push_back({prefix + ".self_attn.k_proj.weight", kv_weight});
-    block.parameters.push_back({prefix + ".self_attn.v_proj.weight", kv_weight});
-    block.parameters.push_back({prefix + ".self_attn.o_proj.weight", C * (C / n)});
+    // The projections go through dtrain::linear (--fp8, which refuses --tp:
+    // marked where they are whole). ParameterSpec{name, numel, in, out}.
+    const int64_t whole = n == 1 ? 1 : 0, kv_out = kv_weight / C;
+    block.parameters.push_back({prefix + ".self_attn.q_proj.weight", C / n * C, whole * C, whole * C});
+    block.parameters.push_back({prefix + ".self_attn.k_proj.weight", kv_weight, whole * C, whole * kv_out});
+    block.parameters.push_back({prefix + ".self_attn.v_proj.weight", kv_weight, whole * C, whole * kv_out});
+    block.parameters.push_back({prefix + ".self_attn.o_proj.weight", C * (C / n), whole * C, whole * C});
     block.parameters.push_back({prefix + ".post_attention_layernorm.weight", C});
-    block.parameters.push_back({prefix + ".mlp.gate_proj.weight", F / n * C});
-    block.parameters.push_back({prefix + ".mlp.up_proj.weight", F / n * C});
-    block.parameters.push_back({prefix + ".mlp.down_proj.weight", C * (F / n)});
+    block.parameters.push_back({prefix + ".mlp.gate_proj.weight", F / n * C, whole * C, whole * F});
+    block.parameters.push_back({prefix + ".mlp.up_proj.weight", F / n * C, whole * C, whole * F});
+    block.parameters.push_back({prefix + ".mlp.down_proj.weight", C * (F / n), whole * F, whole * C});
     // Two RMSNorms, each output whole per token (gathered under sequence
     // parallelism); in fp32 the residual stream's x1 and the block's output,
     // which the next RMSNorms keep as their inputs.

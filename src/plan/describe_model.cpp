@@ -33,8 +33,9 @@ void check_batch(int64_t batch_per_rank) {
     throw std::invalid_argument("plan: the per-rank batch must be at least 1, got " + std::to_string(batch_per_rank));
 }
 
-void add_linear(UnitSpec& unit, const std::string& prefix, int64_t in, int64_t out) {
-  unit.parameters.push_back({prefix + ".weight", out * in});
+// through_linear: the model multiplies it through dtrain::linear (--fp8 takes it).
+void add_linear(UnitSpec& unit, const std::string& prefix, int64_t in, int64_t out, bool through_linear = false) {
+  unit.parameters.push_back({prefix + ".weight", out * in, through_linear ? in : 0, through_linear ? out : 0});
   unit.parameters.push_back({prefix + ".bias", out});
 }
 
@@ -96,11 +97,11 @@ ModelSpec describe_gpt(const models::GPTConfig& config, int64_t batch_per_rank, 
     UnitSpec block;
     block.name = prefix;
     add_layer_norm(block, prefix + ".ln_1", C);
-    add_linear(block, prefix + ".qkv", C, 3 * C);
-    add_linear(block, prefix + ".attn_proj", C, C);
+    add_linear(block, prefix + ".qkv", C, 3 * C, true);
+    add_linear(block, prefix + ".attn_proj", C, C, true);
     add_layer_norm(block, prefix + ".ln_2", C);
-    add_linear(block, prefix + ".mlp_fc", C, 4 * C);
-    add_linear(block, prefix + ".mlp_proj", 4 * C, C);
+    add_linear(block, prefix + ".mlp_fc", C, 4 * C, true);
+    add_linear(block, prefix + ".mlp_proj", 4 * C, C, true);
     // Per token: ln_1 out (C), qkv out (3C, which attention saves as q, k, v
     // views), attention out (C; the CPU flash kernel lays it out so that
     // the reshape to [B,T,C] is a view), the residual x1 (C), ln_2 out (C),

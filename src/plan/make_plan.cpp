@@ -63,6 +63,8 @@ Layout resolve_layout(const PlanOptions& options) {
   layout.link = options.link;
   layout.model_link = options.model_link;
   layout.explain = options.explain;
+  if (options.fsdp.float8_all_gather && options.float8.scaling == Float8Scaling::Tensorwise)
+    layout.float8_gather = options.float8;
   if (layout.ddp) {
     layout.group_size = 1;
     layout.replicas = options.world_size;

@@ -30,6 +30,9 @@ struct Layout {
   ComputeRates compute;  // PlanOptions': a step's time is predicted when these
   Link link, model_link;  // and the links are known (Note [step time])
   bool explain = false;   // record the step's spans (StepTime::spans)
+  // PlanOptions::float8 where fsdp.float8_all_gather asks for it and the
+  // scaling is tensorwise; else off.
+  Float8Settings float8_gather{};
 };
 
 // PlanOptions checked and resolved (std::invalid_argument for what the
@@ -43,6 +46,12 @@ struct FlatLayout {
   std::vector<int64_t> local_counts;  // per parameter: its elements inside this rank's shard
 };
 FlatLayout flat_layout(const UnitSpec& unit, const Layout& layout);
+
+// Bytes of this rank's record when unit u gathers its fp8 weights as fp8
+// (src/fsdp/float8_gather.h: a byte per shard element, then the other
+// parameters' part in the compute dtype, padded to the ranks' largest);
+// 0 when it gathers as without (Note [float8 all-gather]).
+int64_t float8_record_bytes(const ModelSpec& model, size_t u, const Layout& layout, const FSDPOptions& fsdp);
 
 // The bytes of this rank's checkpoint file, as the staging buffer of
 // --checkpoint-async holds them (src/plan/checkpoint_staging.cpp).

@@ -180,7 +180,10 @@ class PipelineReplay {
     int64_t sources = 0;
     for (size_t u = 0; u < flats_.size(); ++u) {
       if (u > 0 && per_microbatch()) continue;
-      if (gathers(u) && layout_.compute_bytes != layout_.master_bytes) sources += flats_[u].shard * layout_.compute_bytes;
+      if (const int64_t record = float8_record_bytes(model_, u, layout_, options_); gathers(u) && record > 0)
+        sources += record * (1 + layout_.group_size);  // Float8Gather's records, sent and received
+      else if (gathers(u) && layout_.compute_bytes != layout_.master_bytes)
+        sources += flats_[u].shard * layout_.compute_bytes;
       gather(u);
     }
     t_.mark_with(&MemoryBreakdown::gathered_parameters, sources,

@@ -89,6 +89,7 @@ struct UnitState {
   bool allocated = false;  // the full buffer has bytes
   bool in_flight = false;  // an all-gather was issued and not waited for
   bool using_full = false;
+  int64_t float8_record = 0;  // float8_record_bytes: gathered as fp8 when > 0
 };
 
 class FSDPReplay {
@@ -103,6 +104,7 @@ class FSDPReplay {
                             (layout_.group_size == 1 && layout_.compute_bytes == layout_.master_bytes);
       // OptimizerOnly never frees a gathered buffer: from the previous step on it is there.
       state.allocated = !state.full_is_shard && !free_after_backward();
+      state.float8_record = float8_record_bytes(model_, units_.size(), layout_, options_);
       units_.push_back(state);
     }
     gathered_at_.assign(units_.size(), 0);
@@ -145,7 +147,10 @@ class FSDPReplay {
   int64_t full_bytes(size_t u) const { return units_[u].flat.padded * layout_.compute_bytes; }
   // The shard cast to the compute dtype for the gather (shard.to() copies
   // only when the dtypes differ).
+  // Gathered as fp8 (Unit::start_unshard): this rank's record and every
+  // rank's, received.
   int64_t gather_source_bytes(size_t u) const {
+    if (units_[u].float8_record > 0) return units_[u].float8_record * (1 + layout_.group_size);
     return layout_.compute_bytes == layout_.master_bytes ? 0 : units_[u].flat.shard * layout_.compute_bytes;
   }
 
@@ -182,7 +187,16 @@ class FSDPReplay {
     if (!unit.in_flight && !unit.using_full) start_unshard(u);
     if (unit.in_flight) {
       unit.in_flight = false;
-      t_.remove(&MemoryBreakdown::gathered_parameters, gather_source_bytes(u));
+      if (const int64_t record = unit.float8_record; record > 0) {
+        // Float8Gather::decode: the sent record freed, every rank's codes
+        // copied out of the received records beside them.
+        t_.remove(&MemoryBreakdown::gathered_parameters, record);
+        t_.mark_with(&MemoryBreakdown::gathered_parameters, unit.flat.padded,
+                     "fp8 weights of " + display(model_.units[u]) + " decoded");
+        t_.remove(&MemoryBreakdown::gathered_parameters, record * layout_.group_size);
+      } else {
+        t_.remove(&MemoryBreakdown::gathered_parameters, gather_source_bytes(u));
+      }
       clock_.wait(gathered_at_[u]);
       clock_.compute(costs_.gather_casts[u], [] { return std::string("compressed records read"); });
     }

@@ -7,6 +7,7 @@
 #include <dtrain/float8.h>
 #include <dtrain/fsdp.h>
 #include <dtrain/models.h>
+#include <dtrain/plan.h>
 
 #include "../common/multirank_gtest.h"
 #include "../ddp/ddp_test_support.h"
@@ -104,6 +105,27 @@ TEST(Float8AllGather, TrainsBitwiseAsThePlainGatherInBf16) {
   if (world().rank() == 0) std::cout << "bf16 compute: fp8 all-gather bytes / plain = " << ratio << "\n";
   EXPECT_LT(ratio, 0.75);
   EXPECT_GT(ratio, 0.5);
+}
+
+// dtrain plan --fp8 predicts the bytes the engine hands to its all-gathers
+// after the first step, in fp32 and bf16 compute.
+TEST(Float8AllGather, PlanPredictsTheBytes) {
+  for (const auto compute : {torch::kFloat, torch::kBFloat16}) {
+    const auto run = train(true, compute, dtrain::Sharding::Full, 2);
+    dtrain::plan::PlanOptions options;
+    options.fsdp.mixed_precision.param_dtype = compute;
+    options.fsdp.float8_all_gather = true;
+    options.float8.scaling = dtrain::Float8Scaling::Tensorwise;
+    options.float8.min_width = 0;
+    options.world_size = world().size();
+    options.rank = world().rank();
+    const auto plan =
+        dtrain::plan::make_plan(dtrain::plan::describe_gpt(gpt_config(), 8 / world().size(), compute), options);
+    int64_t gathers = 0;
+    for (const auto& c : plan.collectives)
+      if (c.op == "all_gather") gathers += c.payload_bytes;
+    EXPECT_EQ(gathers, run.gather_bytes.back()) << c10::toString(compute);
+  }
 }
 
 TEST(Float8AllGather, HybridGathersInsideTheGroup) {

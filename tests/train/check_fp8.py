@@ -10,8 +10,13 @@ With TRAIN_ARGS (a small GPT, fp32 compute on this CPU):
   2. at the default --fp8-min-width (1024) no layer of this narrow model is
      taken: no fp8 call, and the losses equal the run without fp8 bitwise;
   3. a model whose layers do not call dtrain::linear, --tp, and a negative
-     --fp8-min-width are refused, naming the cause.
+     --fp8-min-width are refused, naming the cause;
+  4. `dtrain plan --fp8 tensorwise` on 2 fsdp ranks plans the weights'
+     all-gathers at under half the fp32 gather's bytes, and --fp8-all-gather
+     off at the same bytes as without fp8 (the engine's own counts are
+     checked against the plan in tests/fsdp/test_fsdp_float8.cpp).
 """
+import json
 
 import os
 import sys
@@ -73,6 +78,18 @@ def main():
             _, output = run([dtrain, "train"] + extra, expect_code=None)
             if message not in output:
                 fail("expected a refusal naming %r" % message)
+
+        model = [a for a in args if a not in ("--strategy", "single")]
+        gathered = {}
+        for name, extra in (("off", []), ("fp8", ["--fp8", "tensorwise", "--fp8-min-width", "0"]),
+                            ("fp8, gather off", ["--fp8", "tensorwise", "--fp8-min-width", "0",
+                                                 "--fp8-all-gather", "off"])):
+            _, output = run([dtrain, "plan"] + model + ["--nproc", "2", "--strategy", "fsdp", "--json"] + extra)
+            plan = json.loads(output[output.index("{"):])
+            gathered[name] = sum(c["payload_bytes"] for c in plan["collectives"] if c["op"] == "all_gather")
+        say("planned all-gather bytes per step: %r" % gathered)
+        if not gathered["fp8"] < gathered["off"] / 2 or gathered["fp8, gather off"] != gathered["off"]:
+            fail("dtrain plan --fp8 should halve the gathers' bytes (and leave them with --fp8-all-gather off)")
     say("passed")
 
 
