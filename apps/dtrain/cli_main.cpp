@@ -6,6 +6,7 @@
 #include "bench_checkpoint.h"
 #include "bench_collectives.h"
 #include "bench_ddp.h"
+#include "bench_fp8.h"
 #include "bench_fsdp.h"
 #include "checkpoint.h"
 #include "crash_report.h"
@@ -52,6 +53,8 @@ int main(int argc, char** argv) {
   auto* fsdp_cmd = dtrain::cli::add_bench_fsdp_subcommand(*bench_cmd, bench_fsdp);
   dtrain::cli::BenchCheckpointOptions bench_checkpoint;
   auto* checkpoint_bench_cmd = dtrain::cli::add_bench_checkpoint_subcommand(*bench_cmd, bench_checkpoint);
+  dtrain::cli::BenchFp8Options bench_fp8;
+  auto* fp8_bench_cmd = dtrain::cli::add_bench_fp8_subcommand(*bench_cmd, bench_fp8);
 
   dtrain::cli::TokenizeFlags tokenize_flags;
   auto* tokenize_cmd = dtrain::cli::add_tokenize_subcommand(app, tokenize_flags);
@@ -100,6 +103,7 @@ int main(int argc, char** argv) {
       if (inside_launched_job()) return dtrain::cli::bench_checkpoint_rank(bench_checkpoint);
       return dtrain::cli::relaunch_as_job(words, bench_checkpoint.nproc, bench_checkpoint.backend);
     }
+    if (fp8_bench_cmd->parsed()) return dtrain::cli::bench_fp8_main(bench_fp8);
     if (fsdp_cmd->parsed()) {
       if (inside_launched_job()) return dtrain::cli::bench_fsdp_rank(bench_fsdp);
       return dtrain::cli::bench_fsdp(bench_fsdp, words);

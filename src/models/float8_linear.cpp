@@ -58,7 +58,7 @@ class Float8LinearFunction : public torch::autograd::Function<Float8LinearFuncti
                                const torch::Tensor& weight, int64_t scaling, int64_t kernel_choice) {
     const auto kernel = static_cast<Float8Kernel>(kernel_choice);
     const int64_t N = weight.size(0), K = weight.size(1);
-    const auto x2 = x.reshape({-1, K});
+    const auto x2 = x.reshape({-1, K}).contiguous();  // the kernel's row-major first operand
     torch::Tensor y;
     if (static_cast<Float8Scaling>(scaling) == Float8Scaling::Tensorwise) {
       const Float8Tensor x8 = float8_cast(x2, torch::kFloat8_e4m3fn);
@@ -89,7 +89,7 @@ class Float8LinearFunction : public torch::autograd::Function<Float8LinearFuncti
     const auto x_shape = ctx->saved_data["x_shape"].toIntVector();
     const torch::Tensor& weight = saved.back();
     const int64_t N = weight.size(0);
-    const auto go = grads[0].reshape({-1, N});
+    const auto go = grads[0].reshape({-1, N}).contiguous();
     torch::Tensor grad_x, grad_w;
     if (static_cast<Float8Scaling>(ctx->saved_data["scaling"].toInt()) == Float8Scaling::Tensorwise) {
       const Float8Tensor x8{saved[0], saved[1]};
