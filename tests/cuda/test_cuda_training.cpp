@@ -14,6 +14,7 @@
 // fp32 stays fp32: TF32 is switched off for cuBLAS and cuDNN, so the only
 // differences from the reference are summation order and atomics.
 #include <dtrain/context_parallel.h>
+#include <dtrain/float8.h>
 #include <dtrain/ddp.h>
 #include <dtrain/fsdp.h>
 #include <dtrain/memory.h>
@@ -454,6 +455,46 @@ TEST_F(CudaTraining, RingAttentionPairsOnTheDeviceEqualFullAttention) {
     expect_close(q_mine.grad(), shard(q.grad()), "dq");
     expect_close(k_mine.grad(), shard(k.grad()), "dk");
     expect_close(v_mine.grad(), shard(v.grad()), "dv");
+  }
+}
+
+// --fp8 on the device (issue 41, dtrain/float8.h): the casts give the CPU's
+// codes and scales, and at::_scaled_mm's products and gradients equal the
+// emulation's (fp32 products of the same codes) within the kernel's
+// accumulation, for both recipes. Skipped where the GPU has no fp8 kernels.
+TEST_F(CudaTraining, Float8KernelsOnTheDeviceEqualTheEmulation) {
+  torch::manual_seed(8);
+  const auto x_cpu = torch::randn({37, 64}), w_cpu = torch::randn({48, 64}) * 0.1, go_cpu = torch::randn({37, 48});
+  const auto cast_here = dtrain::float8_cast(x_cpu.to(device()), torch::kFloat8_e4m3fn, 1);
+  const auto cast_cpu = dtrain::float8_cast(x_cpu, torch::kFloat8_e4m3fn, 1);
+  EXPECT_TRUE(torch::equal(cast_here.data.cpu().view(torch::kUInt8), cast_cpu.data.view(torch::kUInt8)));
+  EXPECT_TRUE(torch::equal(cast_here.inverse_scale.cpu(), cast_cpu.inverse_scale));
+  const auto close = [](const torch::Tensor& got, const torch::Tensor& want, const std::string& what) {
+    const auto g = got.cpu().to(torch::kFloat), w = want.cpu().to(torch::kFloat);
+    const double error = (g - w).abs().max().item<double>(), scale = w.abs().max().item<double>();
+    EXPECT_LE(error, scale / 64) << what;  // a few bf16 roundings, and fast accumulation in forward
+  };
+  for (const auto scaling : {dtrain::Float8Scaling::Tensorwise, dtrain::Float8Scaling::Rowwise}) {
+    const std::string name = dtrain::float8_scaling_name(scaling);
+    std::vector<torch::Tensor> outputs;
+    for (const auto kernel : {dtrain::Float8Kernel::ScaledMM, dtrain::Float8Kernel::Emulated}) {
+      const auto x = x_cpu.to(device()).to(torch::kBFloat16).requires_grad_();
+      const auto w = w_cpu.to(device()).to(torch::kBFloat16).requires_grad_();
+      torch::Tensor y;
+      try {
+        y = dtrain::float8_linear(x, w, {}, scaling, kernel);
+      } catch (const std::runtime_error& error) {
+        if (std::string(error.what()).find("compute capability") != std::string::npos)
+          GTEST_SKIP() << "no fp8 kernels on this GPU: " << error.what();
+        throw;
+      }
+      y.backward(go_cpu.to(device()).to(torch::kBFloat16));
+      EXPECT_TRUE(on_device(y));
+      outputs.insert(outputs.end(), {y.detach(), x.grad(), w.grad()});
+    }
+    close(outputs[0], outputs[3], name + " output");
+    close(outputs[1], outputs[4], name + " input gradient");
+    close(outputs[2], outputs[5], name + " weight gradient");
   }
 }
 
