@@ -49,12 +49,15 @@ enum class Float8Kernel { Automatic, ScaledMM, Emulated };
 // Note [which layers run in fp8]
 // A layer y = x W^T with W [N, K] runs in fp8 when K and N are multiples of
 // 16 (the GPU kernel's rule, applied on every device) and its harmonic
-// width K N / (K + N) is at least min_width. Each fp8 matrix multiply saves
-// half its bf16 time, M N K / R for M tokens at bf16 rate R, and the
-// unfused casts cost about five bytes per element of the activations it
-// reads, 5 M (K + N) / B at memory bandwidth B: fp8 pays when
-// K N / (K + N) > 5 R / B. On an H200 (989 TFLOP/s, 4.8 TB/s) that is
-// about 1030, hence the default 1024; the GPU kit's fp8 sweep measures it
+// width K N / (K + N) is at least min_width. A layer's three matrix
+// multiplies of M tokens save half their bf16 time, 3 M N K / R at bf16
+// rate R, while its unfused casts move about 11 bytes per element of the
+// input (M K) and of the output's gradient (M N): amax, scaling and cast,
+// and the transposed copies of backward (the weight's, N K, are small next
+// to them when M is large). fp8 pays when 3 M N K / R > 11 M (K + N) / B at
+// memory bandwidth B, i.e. K N / (K + N) > 11 R / (3 B): about 760 on an
+// H200 (989 TFLOP/s, 4.8 TB/s), 1080 on an H100 (3.35 TB/s). Hence 1024 by
+// default, until the GPU kit's `dtrain bench fp8` sweep measures it
 // (scripts/device/gpu_runs.sh, docs/fp8.md). 0: every eligible layer.
 struct Float8Settings {
   Float8Scaling scaling = Float8Scaling::Off;

@@ -103,8 +103,7 @@ void Float8Gather::encode(const FlatParameter& flat, torch::Tensor& record) cons
     if (piece.numel() == 0) continue;
     // As dtrain::float8_cast scales the gathered weight: in the compute dtype.
     const auto scaled = piece.to(compute_dtype_) * scales_[static_cast<int64_t>(k)].to(compute_dtype_);
-    codes.narrow(0, flat.local_offset(i), piece.numel())
-        .copy_(scaled.clamp(-kFloat8E4M3Max, kFloat8E4M3Max).to(torch::kFloat8_e4m3fn).view(torch::kUInt8));
+    codes.narrow(0, flat.local_offset(i), piece.numel()).copy_(scaled.to(torch::kFloat8_e4m3fn).view(torch::kUInt8));
   }
   const int64_t size = element_size(compute_dtype_);
   int64_t placed = 0;

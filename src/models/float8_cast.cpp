@@ -5,7 +5,9 @@
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
+#include <limits>
 #include <stdexcept>
+#include <vector>
 #include <string>
 
 namespace dtrain {
@@ -48,14 +50,16 @@ torch::Tensor float8_scale(const torch::Tensor& amax, c10::ScalarType dtype) {
 
 Float8Tensor float8_cast(const torch::Tensor& x, c10::ScalarType dtype, std::optional<int64_t> reduce_dim) {
   torch::NoGradGuard no_grad;
-  const double max = float8_max(dtype);
-  const auto magnitude = x.abs();
-  const auto amax = reduce_dim ? magnitude.amax(*reduce_dim, /*keepdim=*/true) : magnitude.max();
+  // max |x| in one pass over x (no |x| temporary).
+  const double inf = std::numeric_limits<double>::infinity();
+  const auto amax = reduce_dim ? torch::linalg_vector_norm(x, inf, std::vector<int64_t>{*reduce_dim}, /*keepdim=*/true)
+                               : torch::linalg_vector_norm(x, inf);
   const auto scale = float8_scale(amax, dtype);
   // A power of two: exact in x's dtype (bf16 keeps fp32's exponents), so
-  // the cast to fp8 is the only rounding.
-  const auto scaled = x * scale.to(x.scalar_type());
-  return {scaled.clamp(-max, max).to(dtype), scale.reciprocal()};
+  // the cast to fp8 is the only rounding. No clamp: |x| scale <= the
+  // format's largest value, but where max / amax rounded up to the power of
+  // two, and then by a relative 2^-24, which rounds back to that value.
+  return {(x * scale.to(x.scalar_type())).to(dtype), scale.reciprocal()};
 }
 
 torch::Tensor float8_matmul(const Float8Tensor& a, const Float8Tensor& b, Float8Kernel kernel, bool fast_accum) {
