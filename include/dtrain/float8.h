@@ -143,4 +143,14 @@ torch::Tensor float8_linear(const torch::Tensor& x, const torch::Tensor& weight,
 // torch::linear, or float8_linear where the installed settings take the layer.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias = {});
 
+// Note [gathered float8 weights]
+// FSDP's float8 all-gather registers the fp8 codes it gathered for a unit's
+// weight under the weight's full view (storage and offset) while the unit
+// is gathered; the tensorwise layer multiplies those directly instead of
+// casting the weight again (the same products: both are the weight's
+// values at power-of-two scales). Cleared when the unit reshards.
+void set_gathered_float8_weight(const void* storage, int64_t storage_offset, Float8Tensor weight);
+void clear_gathered_float8_weights(const void* storage);
+std::optional<Float8Tensor> gathered_float8_weight(const torch::Tensor& weight);
+
 }  // namespace dtrain

@@ -22,15 +22,16 @@
 //   compute dtype's rounding and scaled in it, as dtrain::float8_cast scales
 //   the gathered weight, so the fp8 codes are the ones the unsharded cast
 //   makes.
-// - After the gather each fp8 weight is decoded into the unit's full buffer
-//   (e4m3 times a power of two is exact in bf16 and fp32). dtrain::linear
-//   casts that buffer again and, the scales being powers of two, gets the
-//   same products: training is bitwise the same as with the plain gather
-//   (test_fsdp_float8), and any other reader of the weight sees the values
-//   the fp8 multiply uses.
-// - Left for later: handing the gathered codes to the multiply directly
-//   (skipping its cast of the weight) and not allocating the full buffer's
-//   bf16 copy of those weights.
+// - After the gather the tensorwise layer multiplies the gathered codes
+//   directly, without casting the weight (Note [gathered float8 weights]),
+//   and each fp8 weight is also decoded into the unit's full buffer (e4m3
+//   times a power of two is exact in bf16 and fp32), so any other reader of
+//   the weight sees the values the fp8 multiply uses. A cast of those
+//   values would give the same products (the scales being powers of two):
+//   training is bitwise the same as with the plain gather (test_fsdp_float8).
+// - Left for later: not allocating the full buffer's bf16 copy of those
+//   weights (while gathered a unit holds it and the codes, a byte per
+//   element more than the plain gather).
 
 namespace dtrain::detail {
 
@@ -117,19 +118,23 @@ void Float8Gather::encode(const FlatParameter& flat, torch::Tensor& record) cons
   if (placed < hp_per_rank_) record.narrow(0, shard + placed * size, (hp_per_rank_ - placed) * size).zero_();
 }
 
-void Float8Gather::decode(const FlatParameter& flat, const torch::Tensor& records, torch::Tensor& full) const {
+void Float8Gather::decode(const FlatParameter& flat, const torch::Tensor& records, torch::Tensor& full,
+                          torch::Tensor& keep_codes) const {
   torch::NoGradGuard no_grad;
   const int64_t shard = flat.shard_numel();
   const auto rows = records.view({group_size_, record_bytes_});
   const auto codes = rows.narrow(1, 0, shard).reshape({-1});  // [padded]: every rank's codes in flat order
-  const auto inverse = scales_.reciprocal().to(compute_dtype_);
+  const auto inverse = scales_.reciprocal();  // float32, as the layer's own casts give it
   const auto& entries = flat.entries();
   for (size_t k = 0; k < fp8_entries_.size(); ++k) {
     const auto& entry = entries[static_cast<size_t>(fp8_entries_[k])];
+    const auto weight = codes.narrow(0, entry.offset, entry.numel).view(torch::kFloat8_e4m3fn).view(entry.shape);
+    const auto inverse_k = inverse[static_cast<int64_t>(k)];
     full.narrow(0, entry.offset, entry.numel)
-        .copy_(codes.narrow(0, entry.offset, entry.numel).view(torch::kFloat8_e4m3fn).to(compute_dtype_) *
-               inverse[static_cast<int64_t>(k)]);
+        .copy_(weight.reshape({-1}).to(compute_dtype_) * inverse_k.to(compute_dtype_));
+    set_gathered_float8_weight(flat.full_storage(), entry.offset, {weight, inverse_k});
   }
+  keep_codes = codes;
   if (hp_per_rank_ == 0) return;
   const auto values = rows.narrow(1, shard, hp_per_rank_ * element_size(compute_dtype_))
                           .contiguous()

@@ -35,7 +35,10 @@ class Float8Gather {
   // Every rank's record ([group_size * record_bytes()] bytes) into `full`
   // (the unit's full buffer, compute dtype): the fp8 entries as their fp8
   // values times their inverse scales, the others as sent.
-  void decode(const FlatParameter& flat, const torch::Tensor& records, torch::Tensor& full) const;
+  // Registers each fp8 weight's codes for dtrain::linear (Note [gathered
+  // float8 weights]) under its full view in `flat`; keep_codes holds them.
+  void decode(const FlatParameter& flat, const torch::Tensor& records, torch::Tensor& full,
+              torch::Tensor& keep_codes) const;
 
  private:
   std::vector<int64_t> fp8_entries_;

@@ -342,14 +342,14 @@ void consume(Unit& unit, int& inflight) {
 void FSDPState::gather_for_step(bool per_microbatch) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (gathered_for_step_) throw std::logic_error("FSDP: gather_for_step() twice without reduce_step_gradients()");
-  prepare_float8_gathers();
-  for (size_t u = 0; u < units_.size(); ++u) {
-    Unit& unit = *units_[u];
-    unit.reshard(free_after_backward());  // parameters changed since the last gather
-    unit.reset_to_idle();
-    unit.stash_shard_gradients();
-    if (u == 0 || !per_microbatch) unit.start_unshard();  // all issued before any is waited for
+  for (auto& unit : units_) {
+    unit->reshard(free_after_backward());  // parameters changed since the last gather
+    unit->reset_to_idle();
+    unit->stash_shard_gradients();
   }
+  prepare_float8_gathers();  // as forward_root: after the reshards, before any gather
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (u == 0 || !per_microbatch) units_[u]->start_unshard();  // all issued before any is waited for
   for (size_t u = 0; u < units_.size(); ++u)
     if (u == 0 || !per_microbatch) units_[u]->finish_unshard();
   inflight_gathers_ = 0;
@@ -600,8 +600,20 @@ void FSDPState::finalize_backward() {
 void FSDPState::prepare_float8_gathers() {
   if (!options_.float8_all_gather) return;
   const Float8Settings* settings = float8_settings();
-  if (settings == nullptr || settings->scaling != Float8Scaling::Tensorwise) return;
+  if (settings == nullptr || settings->scaling != Float8Scaling::Tensorwise) {
+    // Settings removed (a library caller's scope ended): gather as without,
+    // and learn again should tensorwise settings come back.
+    if (float8_decided_)
+      for (auto& unit : units_) unit->gather_as_float8({});
+    float8_decided_ = false;
+    return;
+  }
   torch::NoGradGuard no_grad;
+  // Where the shards live (a pipeline stage's root may hold no parameters).
+  const auto with_shard = std::find_if(units_.begin(), units_.end(),
+                                       [](const auto& unit) { return unit->flat().shard().defined(); });
+  if (with_shard == units_.end()) return;
+  const auto device = (*with_shard)->flat().shard().device();
   if (!float8_decided_) {
     if (last_step().steps < 1) return;  // the first step shows which weights dtrain::linear takes
     // Every rank decides alike, or the records' sizes would differ: the
@@ -612,7 +624,7 @@ void FSDPState::prepare_float8_gathers() {
       candidates.push_back(unit->float8_candidates());
       mask.insert(mask.end(), candidates.back().begin(), candidates.back().end());
     }
-    auto agreed = torch::tensor(mask, torch::kInt).to(units_[0]->flat().shard().device());
+    auto agreed = torch::tensor(mask, torch::kInt).to(device);
     if (agreed.numel() > 0) comm_->blocking().all_reduce(agreed, ReduceOp::Min);
     agreed = agreed.cpu();
     int64_t at = 0;

@@ -49,6 +49,10 @@ Unit::Unit(std::string name, const torch::nn::Module* module, std::vector<std::s
   for (const auto& entry : flat_.entries()) expected_gradients_ += entry.param.requires_grad() ? 1 : 0;
 }
 
+Unit::~Unit() {
+  if (float8_codes_.defined()) clear_gathered_float8_weights(flat_.full_storage());
+}
+
 void Unit::transition(TrainingState from, TrainingState to) {
   if (state_ != from) {
     throw std::logic_error("FSDP: unit " + display_name() + " cannot go from state '" + to_string(state_) +
@@ -124,7 +128,7 @@ void Unit::complete_gather() {
   const int64_t bytes = gathered_records_.numel() / groups_.shard->size();
   auto full = flat_.full_for_writing();
   if (float8_) {
-    float8_->decode(flat_, gathered_records_, full);
+    float8_->decode(flat_, gathered_records_, full, float8_codes_);
     gathered_records_ = torch::Tensor();
     return;
   }
@@ -137,16 +141,19 @@ void Unit::complete_gather() {
 
 std::vector<char> Unit::float8_candidates() const {
   std::vector<char> candidates(flat_.entries().size(), 0);
-  // Only where the plain gather would run: compressed params keep their
-  // compression, and a one-rank group in the master dtype gathers nothing.
-  if (param_format_ != fsdp_rules::WireFormat::Plain || flat_.full_is_shard()) return candidates;
+  // Only where the plain gather crosses a wire: compressed params keep their
+  // compression, and a one-rank group sends nothing.
+  if (param_format_ != fsdp_rules::WireFormat::Plain || groups_.shard->size() == 1) return candidates;
   for (size_t i = 0; i < candidates.size(); ++i)
     candidates[i] = flat_.entries()[i].shape.size() == 2 && float8_took(flat_.full_storage(), flat_.entries()[i].offset) ? 1 : 0;
   return candidates;
 }
 
 void Unit::gather_as_float8(const std::vector<char>& agreed) {
-  if (std::find(agreed.begin(), agreed.end(), 1) == agreed.end()) return;
+  if (std::find(agreed.begin(), agreed.end(), 1) == agreed.end()) {
+    float8_.reset();  // none: the plain gather
+    return;
+  }
   float8_.emplace(flat_, agreed, groups_.shard->size(), options_.mixed_precision.param_dtype);
 }
 
@@ -169,6 +176,10 @@ void Unit::reshard(bool free_full) {
   // must hold what arrived.
   complete_gather();
   if (flat_.using_full_views()) flat_.use_shard_views();
+  if (float8_codes_.defined()) {  // Note [gathered float8 weights]: the next gather brings the next step's
+    clear_gathered_float8_weights(flat_.full_storage());
+    float8_codes_ = torch::Tensor();
+  }
   if (free_full) flat_.free_full();
 }
 

@@ -67,6 +67,9 @@ class Unit {
  public:
   Unit(std::string name, const torch::nn::Module* module, std::vector<std::string> parameter_names,
        std::vector<torch::Tensor> parameters, UnitGroups groups, const FSDPOptions& options);
+  ~Unit();  // drops its gathered fp8 weights from dtrain::linear's view
+  Unit(const Unit&) = delete;
+  Unit& operator=(const Unit&) = delete;
 
   const std::string& name() const { return name_; }
   std::string display_name() const { return name_.empty() ? "(root)" : "'" + name_ + "'"; }
@@ -167,6 +170,7 @@ class Unit {
   fsdp_rules::WireFormat grad_format_ = fsdp_rules::WireFormat::Plain;
   torch::Tensor gathered_records_;   // every rank's encoded shard, until decoded into the full buffer
   std::optional<Float8Gather> float8_;  // Note [float8 all-gather]
+  torch::Tensor float8_codes_;          // while gathered: the fp8 weights dtrain::linear multiplies
   torch::Tensor gradient_records_;   // what this rank received from the all-to-all, until summed
   FSDPStepStats* stats_ = nullptr;
   // Waits for the gather and, when compressed, decodes every rank's record

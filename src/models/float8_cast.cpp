@@ -77,11 +77,10 @@ torch::Tensor float8_matmul(const Float8Tensor& a, const Float8Tensor& b, Float8
     return at::_scaled_mm(a.data, b.data, a.inverse_scale, b.inverse_scale, std::nullopt, std::nullopt,
                           torch::kBFloat16, fast_accum);
   } catch (const c10::Error& e) {
-    throw std::runtime_error(std::string("--fp8: the fp8 matrix multiply (at::_scaled_mm) failed on ") +
-                             a.data.device().str() +
-                             "; fp8 kernels need an Ada or Hopper GPU (compute capability 8.9 or newer): use "
-                             "--fp8 off on this device. LibTorch said: " +
-                             e.what_without_backtrace());
+    // LibTorch's own words first: a device without fp8 kernels says so there.
+    throw std::runtime_error(std::string("--fp8: at::_scaled_mm failed on ") + a.data.device().str() + ": " +
+                             e.what_without_backtrace() +
+                             " (fp8 matrix multiplies run on Ada and Hopper GPUs; elsewhere use --fp8 off)");
   }
 }
 

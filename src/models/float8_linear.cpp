@@ -5,6 +5,8 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <map>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -25,6 +27,16 @@ std::set<WeightKey> taken_weights;
 
 WeightKey key_of(const torch::Tensor& weight) {
   return {weight.storage().unsafeGetStorageImpl(), weight.storage_offset()};
+}
+
+// Note [gathered float8 weights]
+std::mutex gathered_mutex;
+std::map<WeightKey, Float8Tensor> gathered_weights;
+
+// The weight in e4m3 with one scale: FSDP's gathered codes when it has them, else cast here.
+Float8Tensor tensorwise_weight(const torch::Tensor& weight) {
+  if (auto gathered = gathered_float8_weight(weight)) return *gathered;
+  return float8_cast(weight, torch::kFloat8_e4m3fn);
 }
 
 int64_t round_up_16(int64_t n) { return (n + 15) / 16 * 16; }
@@ -62,7 +74,7 @@ class Float8LinearFunction : public torch::autograd::Function<Float8LinearFuncti
     torch::Tensor y;
     if (static_cast<Float8Scaling>(scaling) == Float8Scaling::Tensorwise) {
       const Float8Tensor x8 = float8_cast(x2, torch::kFloat8_e4m3fn);
-      const Float8Tensor w8 = float8_cast(weight, torch::kFloat8_e4m3fn);
+      const Float8Tensor w8 = tensorwise_weight(weight);
       y = float8_matmul(x8, {w8.data.t(), w8.inverse_scale}, kernel, /*fast_accum=*/true);
       ctx->save_for_backward({x8.data, x8.inverse_scale, weight});
     } else {
@@ -93,7 +105,7 @@ class Float8LinearFunction : public torch::autograd::Function<Float8LinearFuncti
     torch::Tensor grad_x, grad_w;
     if (static_cast<Float8Scaling>(ctx->saved_data["scaling"].toInt()) == Float8Scaling::Tensorwise) {
       const Float8Tensor x8{saved[0], saved[1]};
-      const Float8Tensor w8 = float8_cast(weight, torch::kFloat8_e4m3fn);
+      const Float8Tensor w8 = tensorwise_weight(weight);
       const Float8Tensor g8 = float8_cast(go, torch::kFloat8_e5m2);
       grad_x = float8_matmul(g8, {column_major(w8.data), w8.inverse_scale}, kernel);  // [M,N] [N,K]
       // [N,M] [M,K], the tokens padded to the kernel's multiple of 16.
@@ -132,8 +144,9 @@ std::string float8_scaling_name(Float8Scaling scaling) {
 bool float8_eligible(int64_t in_features, int64_t out_features, const Float8Settings& settings) {
   if (settings.scaling == Float8Scaling::Off) return false;
   if (in_features <= 0 || out_features <= 0 || in_features % 16 != 0 || out_features % 16 != 0) return false;
-  // K N / (K + N) >= min_width, in integers.
-  return in_features * out_features >= settings.min_width * (in_features + out_features);
+  // K N / (K + N) >= min_width, in integers wide enough for any int64 width.
+  return static_cast<__int128>(in_features) * out_features >=
+         static_cast<__int128>(settings.min_width) * (in_features + out_features);
 }
 
 void set_float8_settings(const Float8Settings* settings) { installed_settings.store(settings); }
@@ -146,12 +159,36 @@ Float8Scope::Float8Scope(const Float8Settings& settings) : settings_(settings), 
     std::lock_guard<std::mutex> lock(taken_mutex);
     taken_weights.clear();
   }
+  {
+    std::lock_guard<std::mutex> lock(gathered_mutex);
+    gathered_weights.clear();
+  }
   set_float8_settings(&settings_);
 }
 
 Float8Calls float8_calls() { return {fp8_calls.load(), plain_calls.load()}; }
 
 bool float8_took(const torch::Tensor& weight) { return weight.has_storage() && float8_took(key_of(weight).first, weight.storage_offset()); }
+
+void set_gathered_float8_weight(const void* storage, int64_t storage_offset, Float8Tensor weight) {
+  std::lock_guard<std::mutex> lock(gathered_mutex);
+  gathered_weights[{storage, storage_offset}] = std::move(weight);
+}
+
+void clear_gathered_float8_weights(const void* storage) {
+  std::lock_guard<std::mutex> lock(gathered_mutex);
+  auto it = gathered_weights.lower_bound({storage, std::numeric_limits<int64_t>::min()});
+  while (it != gathered_weights.end() && it->first.first == storage) it = gathered_weights.erase(it);
+}
+
+std::optional<Float8Tensor> gathered_float8_weight(const torch::Tensor& weight) {
+  if (!weight.has_storage()) return std::nullopt;
+  std::lock_guard<std::mutex> lock(gathered_mutex);
+  if (gathered_weights.empty()) return std::nullopt;
+  const auto it = gathered_weights.find(key_of(weight));
+  if (it == gathered_weights.end()) return std::nullopt;
+  return it->second;
+}
 
 bool float8_took(const void* storage, int64_t storage_offset) {
   std::lock_guard<std::mutex> lock(taken_mutex);

@@ -91,7 +91,7 @@ void add_pipeline(const ModelSpec& model, const Layout& layout, Plan& plan) {
 int64_t float8_record_bytes(const ModelSpec& model, size_t u, const Layout& layout, const FSDPOptions& fsdp) {
   const UnitSpec& unit = model.units[u];
   if (layout.ddp || layout.float8_gather.scaling == Float8Scaling::Off || unit.parameters.empty()) return 0;
-  if (layout.group_size == 1 && layout.compute_bytes == layout.master_bytes) return 0;  // nothing gathered
+  if (layout.group_size == 1) return 0;  // Unit::float8_candidates: nothing crosses a wire
   // Unit::float8_candidates: only where the plain gather would run.
   const auto& compression = compression_of(model, u, fsdp);
   auto format = fsdp_rules::effective_format(fsdp_rules::wire_format(compression.params), layout.group_size);

@@ -152,6 +152,10 @@ class PipelineReplay {
            !(layout_.group_size == 1 && layout_.compute_bytes == layout_.master_bytes);
   }
   int64_t full_bytes(size_t u) const { return flats_[u].padded * layout_.compute_bytes; }
+  // A unit gathered as fp8 keeps its codes while gathered (Note [gathered float8 weights]).
+  int64_t float8_codes_bytes(size_t u) const {
+    return float8_record_bytes(model_, u, layout_, options_) > 0 ? flats_[u].padded : 0;
+  }
 
   // One of the rank's model chunks: its description, and where each of its
   // units is among the rank's (at[u]).
@@ -194,7 +198,7 @@ class PipelineReplay {
   void gather(size_t u) {
     if (layout_.ddp || !gathers(u) || full_[u]) return;
     full_[u] = true;
-    t_.add(&MemoryBreakdown::gathered_parameters, full_bytes(u));
+    t_.add(&MemoryBreakdown::gathered_parameters, full_bytes(u) + float8_codes_bytes(u));
     const int gathered = static_cast<int>(std::count(full_.begin(), full_.end(), true));
     plan_.max_units_gathered = std::max(plan_.max_units_gathered, gathered);
     plan_.largest_unit_gathered_bytes = std::max(plan_.largest_unit_gathered_bytes, full_bytes(u));
@@ -202,7 +206,7 @@ class PipelineReplay {
   void release(size_t u) {
     if (!full_[u]) return;
     full_[u] = false;
-    t_.remove(&MemoryBreakdown::gathered_parameters, full_bytes(u));
+    t_.remove(&MemoryBreakdown::gathered_parameters, full_bytes(u) + float8_codes_bytes(u));
   }
   // Per microbatch: a non-root unit's gather before it runs, and its reshard after.
   void enter(size_t u) {

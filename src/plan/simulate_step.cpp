@@ -90,6 +90,7 @@ struct UnitState {
   bool in_flight = false;  // an all-gather was issued and not waited for
   bool using_full = false;
   int64_t float8_record = 0;  // float8_record_bytes: gathered as fp8 when > 0
+  bool float8_codes = false;  // the gathered fp8 codes held for dtrain::linear
 };
 
 class FSDPReplay {
@@ -189,10 +190,12 @@ class FSDPReplay {
       unit.in_flight = false;
       if (const int64_t record = unit.float8_record; record > 0) {
         // Float8Gather::decode: the sent record freed, every rank's codes
-        // copied out of the received records beside them.
+        // copied out of the received records and kept while the unit is
+        // gathered (Note [gathered float8 weights]).
         t_.remove(&MemoryBreakdown::gathered_parameters, record);
-        t_.mark_with(&MemoryBreakdown::gathered_parameters, unit.flat.padded,
-                     "fp8 weights of " + display(model_.units[u]) + " decoded");
+        t_.add(&MemoryBreakdown::gathered_parameters, unit.flat.padded);
+        unit.float8_codes = true;
+        t_.mark("fp8 weights of " + display(model_.units[u]) + " decoded");
         t_.remove(&MemoryBreakdown::gathered_parameters, record * layout_.group_size);
       } else {
         t_.remove(&MemoryBreakdown::gathered_parameters, gather_source_bytes(u));
@@ -208,6 +211,10 @@ class FSDPReplay {
     if (unit.in_flight) {
       unit.in_flight = false;
       t_.remove(&MemoryBreakdown::gathered_parameters, gather_source_bytes(u));
+    }
+    if (unit.float8_codes) {
+      unit.float8_codes = false;
+      t_.remove(&MemoryBreakdown::gathered_parameters, unit.flat.padded);
     }
     unit.using_full = false;
     if (free_full && unit.allocated && !unit.full_is_shard) {

@@ -484,7 +484,9 @@ TEST_F(CudaTraining, Float8KernelsOnTheDeviceEqualTheEmulation) {
       try {
         y = dtrain::float8_linear(x, w, {}, scaling, kernel);
       } catch (const std::runtime_error& error) {
-        if (std::string(error.what()).find("compute capability") != std::string::npos)
+        // LibTorch's refusal of a GPU without fp8 kernels, and nothing else.
+        if (std::string(error.what()).find("is only supported on CUDA devices with compute capability") !=
+            std::string::npos)
           GTEST_SKIP() << "no fp8 kernels on this GPU: " << error.what();
         throw;
       }
