@@ -24,14 +24,8 @@ namespace {
 using dtrain::testing::world;
 using dtrain::testing::world_ptr;
 
-dtrain::models::GPTConfig gpt_config() {
-  dtrain::models::GPTConfig config;
-  config.seq_len = 16;
-  config.n_layer = 3;
-  config.n_embd = 32;  // the blocks' layers: 32 -> 96, 32 -> 32, 32 -> 128, 128 -> 32, all multiples of 16
-  config.n_head = 4;
-  return config;
-}
+// The blocks' layers: 32 -> 96, 32 -> 32, 32 -> 128, 128 -> 32, all multiples of 16.
+dtrain::models::GPTConfig gpt_config() { return {.seq_len = 16, .n_layer = 3, .n_embd = 32, .n_head = 4}; }
 
 ddp_test::Batch token_batch(int64_t step, int64_t size) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(900 + step);
