@@ -15,7 +15,8 @@
 //   (dtrain::float8_took, asked of each entry's gathered view), agreed over
 //   the ranks by an all-reduce (min) before the second step's first gather;
 //   the first step gathers as before. The head, the embeddings and the
-//   layers the width filter leaves never reach it.
+//   layers the width filter leaves never reach it. A one-rank group sends
+//   nothing, so it gathers as before too.
 // - The scale: the amax over the ranks' parts of the weight, one all-reduce
 //   (max) for every unit's weights before each root forward, i.e. after the
 //   optimizer step (torchao precomputes it there too). Taken in the
