@@ -29,7 +29,7 @@ OWNER = {
     "sharding.h": "common", "fsdp_compression.h": "common", "strategy_table.h": "common", "memory.h": "common",
     "shard_range.h": "common", "flat_runs.h": "common",
     "comm.h": "comm", "grad_norm.h": "comm", "join.h": "comm", "trace.h": "common", "trace_writer.h": "trace", "trace_summary.h": "trace",
-    "models.h": "models", "llama.h": "models", "deferred_init.h": "models", "attention.h": "models", "sampling.h": "models", "data.h": "data", "tokenizer.h": "data",
+    "models.h": "models", "llama.h": "models", "deferred_init.h": "models", "attention.h": "models", "float8.h": "models", "sampling.h": "models", "data.h": "data", "tokenizer.h": "data",
     "mesh.h": "comm", "stand_in_group.h": "comm", "tensor_parallel.h": "tp", "tp_gpt.h": "tp", "tp_gpt_stage.h": "tp", "tp_llama.h": "tp", "pipeline.h": "pp", "context_parallel.h": "cp", "gpt_stage.h": "models",
     "ddp.h": "ddp", "comm_hooks.h": "ddp", "sync_batch_norm.h": "ddp",
     "fsdp.h": "fsdp", "ps.h": "ps",
