@@ -123,7 +123,8 @@ torch::Tensor float8_scale(const torch::Tensor& amax, c10::ScalarType dtype);
 
 // x cast to `dtype` (e4m3fn or e5m2). reduce_dim unset: one scale for the
 // whole tensor; else one per slice along reduce_dim (amax over that dim,
-// kept as size 1), e.g. 1 for one scale per row of a matrix.
+// kept as size 1), e.g. 1 for one scale per row of a matrix. An empty x
+// casts to an empty tensor (its amax taken as 0).
 Float8Tensor float8_cast(const torch::Tensor& x, c10::ScalarType dtype, std::optional<int64_t> reduce_dim = std::nullopt);
 
 // a [M, K] row-major times b [K, N] column-major (b.t() contiguous), both
@@ -137,6 +138,7 @@ torch::Tensor float8_matmul(const Float8Tensor& a, const Float8Tensor& b, Float8
 // y = x W^T + b with the three matrix multiplies in fp8 under `scaling`
 // (Note [float8 recipes]); x [..., K], weight [N, K], bias [N] or
 // undefined. The result and the gradients have x's, W's and b's dtypes.
+// Without tokens (x.numel() == 0) it is torch::linear, on every device.
 torch::Tensor float8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                             Float8Scaling scaling, Float8Kernel kernel = Float8Kernel::Automatic);
 

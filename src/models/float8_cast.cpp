@@ -52,8 +52,17 @@ Float8Tensor float8_cast(const torch::Tensor& x, c10::ScalarType dtype, std::opt
   torch::NoGradGuard no_grad;
   // max |x| in one pass over x (no |x| temporary).
   const double inf = std::numeric_limits<double>::infinity();
-  const auto amax = reduce_dim ? torch::linalg_vector_norm(x, inf, std::vector<int64_t>{*reduce_dim}, /*keepdim=*/true)
-                               : torch::linalg_vector_norm(x, inf);
+  torch::Tensor amax;
+  if (x.numel() == 0) {
+    // The inf norm of nothing is refused ("no identity"); an empty tensor's
+    // amax is 0, so it casts to an empty tensor (e.g. an expert given no tokens).
+    auto shape = x.sizes().vec();
+    if (reduce_dim) shape[static_cast<size_t>(c10::maybe_wrap_dim(*reduce_dim, x.dim()))] = 1;
+    amax = torch::zeros(reduce_dim ? shape : std::vector<int64_t>{}, x.options());
+  } else {
+    amax = reduce_dim ? torch::linalg_vector_norm(x, inf, std::vector<int64_t>{*reduce_dim}, /*keepdim=*/true)
+                      : torch::linalg_vector_norm(x, inf);
+  }
   const auto scale = float8_scale(amax, dtype);
   // A power of two: exact in x's dtype (bf16 keeps fp32's exponents), so
   // the cast to fp8 is the only rounding. No clamp: |x| scale <= the

@@ -201,6 +201,11 @@ torch::Tensor float8_linear(const torch::Tensor& x, const torch::Tensor& weight,
   if (scaling == Float8Scaling::Off) return torch::linear(x, weight, bias);
   if (weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(1))
     throw std::invalid_argument("float8_linear: x [..., K] and weight [N, K] expected");
+  // No tokens (an expert routed none, a rank's empty slice): nothing to
+  // multiply, so no kernel is asked to multiply an empty operand, which a
+  // GPU's may refuse where the CPU's accepts it. The plain layer gives the
+  // same empty output and zero weight gradient on every device.
+  if (x.numel() == 0) return torch::linear(x, weight, bias);
   const auto y =
       Float8LinearFunction::apply(x, weight, static_cast<int64_t>(scaling), static_cast<int64_t>(kernel));
   return bias.defined() ? y + bias.to(y.scalar_type()) : y;  // the bias's gradient by autograd

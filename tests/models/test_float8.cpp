@@ -151,6 +151,34 @@ TEST(Float8, LinearKeepsBf16Inputs) {
   EXPECT_EQ(w.grad().scalar_type(), torch::kBFloat16);
 }
 
+// No tokens: the casts give empty tensors with finite scales, and the layer
+// an empty output and a zero weight gradient, as torch::linear does, with no
+// kernel asked to multiply an empty operand (Note [no empty batches]: CUDA's
+// kernels may refuse what the CPU's accept).
+TEST(Float8, EmptyInputsGiveEmptyOutputs) {
+  const auto empty = torch::randn({0, 32});
+  for (const auto row : {std::optional<int64_t>(), std::optional<int64_t>(1), std::optional<int64_t>(-1)}) {
+    const auto cast = dtrain::float8_cast(empty, kE4M3, row);
+    EXPECT_EQ(cast.data.sizes(), empty.sizes());
+    EXPECT_EQ(cast.data.scalar_type(), kE4M3);
+    EXPECT_TRUE(torch::isfinite(cast.inverse_scale).all().item<bool>());
+  }
+  for (const auto kernel : {Float8Kernel::Emulated, Float8Kernel::ScaledMM}) {
+    for (const auto scaling : {Float8Scaling::Tensorwise, Float8Scaling::Rowwise}) {
+      SCOPED_TRACE(dtrain::float8_scaling_name(scaling));
+      const auto x = torch::randn({2, 0, 32}).requires_grad_();
+      const auto w = torch::randn({16, 32}).requires_grad_();
+      const auto bias = torch::randn({16}).requires_grad_();
+      const auto y = dtrain::float8_linear(x, w, bias, scaling, kernel);
+      EXPECT_EQ(y.sizes(), (std::vector<int64_t>{2, 0, 16}));
+      y.sum().backward();
+      EXPECT_EQ(x.grad().sizes(), x.sizes());
+      EXPECT_TRUE(torch::equal(w.grad(), torch::zeros_like(w)));
+      EXPECT_TRUE(torch::equal(bias.grad(), torch::zeros_like(bias)));
+    }
+  }
+}
+
 // Rowwise rounds every token alone: a batch computed in two halves gives the
 // same outputs and input gradients (Note [float8 recipes]), which is why a
 // rowwise fsdp run equals one process.
